@@ -1,0 +1,1 @@
+"""Local training: the F-TIS loss (`node.train.ftis`) and the trainer that applies it."""
