@@ -1,0 +1,1 @@
+"""Benchmarks behind `ftis-node bench ...`; each returns a JSON-able dict and formats a table."""

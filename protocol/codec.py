@@ -1,0 +1,473 @@
+"""Binary wire format of a `RolloutPacket`: `encode`, `decode`, `peek_header`.
+
+Layout (integers little-endian):
+
+    offset  size  field
+    0       4     magic  b"FTIS"
+    4       1     format version (FORMAT_VERSION)
+    5       1     flags  (bit 0: the body is one zstd frame)
+    6       4     header length H (uint32)
+    10      4     body length B (uint32), as sent (compressed or not)
+    14      H     header: msgpack map of PacketHeader's fields
+    14+H    B     body: msgpack map, zstd-compressed if flag bit 0
+
+The two lengths make truncation and trailing bytes detectable before any parsing.
+
+The header comes first and is never compressed, so `peek_header` (staleness checks)
+reads a few hundred bytes and skips the body. The body holds every token of the
+packet in flat arrays, so encode and decode are a handful of vectorized numpy calls
+however many completions there are:
+
+    groups    [[task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n], ...]
+    lengths   uint32[C]  tokens per completion, C = sum of n, completions in group order
+    finish    uint8[C]   0 = "stop", 1 = "length"
+    texts     nil, or a list of C (str | nil)
+    ids_lo    uint16[T]  low 16 bits of every token id, T = sum(lengths)
+    ids_hi    P bit-planes of ceil(T/8) bytes (np.packbits); plane k holds bit 16+k
+              of every id. P = bit_length(vocab_size - 1) - 16, floored at 0: none for
+              vocab <= 65536, 2 for Qwen2.5 (151,646).
+    logprobs  uint16[T]  fixed point q = round(-logprob * 65535 / 64)
+
+Log-probs are fixed point over [-64, 0] in steps of 64/65535, so every decoded value
+is within 4.9e-4 of the original. Values below -64 are CLAMPED to -64: a token
+sampled with probability below 1.6e-28 gives no usable importance ratio anyway.
+(fp16 would not do: its step is already 1/64 between -16 and -32.)
+
+Cost per token: 2 + P/8 + 2 bytes, plus 5 bytes per completion and the strings, so
+about 4.3 B/token for vocab 151,646 and 4.05 for 49,152, against 8 for int32 + fp32.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, NoReturn
+
+import msgpack
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.packet import (
+    PROTOCOL_VERSION,
+    Completion,
+    Group,
+    PacketHeader,
+    RolloutPacket,
+    SamplingParams,
+    logprob_problem,
+)
+
+__all__ = [
+    "FLAG_ZSTD",
+    "FORMAT_VERSION",
+    "LOGPROB_FLOOR",
+    "MAGIC",
+    "PREFIX_SIZE",
+    "Limits",
+    "decode",
+    "encode",
+    "high_bit_planes",
+    "peek_header",
+]
+
+MAGIC = b"FTIS"
+FORMAT_VERSION = 1
+FLAG_ZSTD = 0x01
+_KNOWN_FLAGS = FLAG_ZSTD
+_PREFIX = struct.Struct("<4sBBII")  # magic, format version, flags, header length, body length
+PREFIX_SIZE = _PREFIX.size
+ZSTD_LEVEL = 3  # zstd's default: most of the gain at a fraction of the time of higher levels
+
+LOGPROB_FLOOR = -64.0
+_LP_LEVELS = 65535
+_LP_ENCODE_SCALE = _LP_LEVELS / LOGPROB_FLOOR  # negative: maps [-64, 0] onto [65535, 0]
+_LP_DECODE_STEP = np.float32(LOGPROB_FLOOR / _LP_LEVELS)
+
+_FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+_FINISH_CODE = {reason: i for i, reason in enumerate(_FINISH_REASONS)}
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
+_BODY_KEYS = frozenset({"groups", "lengths", "finish", "texts", "ids_lo", "ids_hi", "logprobs"})
+
+
+class Limits(BaseModel):
+    """What a receiver accepts. Checked before any large allocation, so an oversized
+    or hostile packet costs little to reject."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # 4 MiB is hivemind's default RPC message size; max_bytes bounds the packet both as
+    # received and after decompression.
+    max_bytes: int = Field(4 * 2**20, ge=PREFIX_SIZE)
+    max_groups: int = Field(256, ge=1)
+    max_completions_per_group: int = Field(128, ge=1)
+    max_tokens_per_completion: int = Field(32_768, ge=1)
+    max_total_tokens: int = Field(1_000_000, ge=1)
+    max_text_chars: int = Field(200_000, ge=0)  # per completion
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def high_bit_planes(vocab_size: int) -> int:
+    """How many bit-planes above the low 16 bits the ids of this vocabulary need."""
+    return max(0, (vocab_size - 1).bit_length() - 16)
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode(packet: RolloutPacket, *, compress: bool = False) -> bytes:
+    """Serialize `packet`. With `compress`, the body is one zstd frame (the header never is)."""
+    if not isinstance(packet, RolloutPacket):
+        raise TypeError(f"encode expects a RolloutPacket, got {type(packet).__name__}")
+    header = packet.header
+    comps = [c for g in packet.groups for c in g.completions]
+    lengths = np.fromiter((c.token_ids.size for c in comps), dtype="<u4", count=len(comps))
+    if comps:
+        ids = np.concatenate([c.token_ids for c in comps])
+        lps = np.concatenate([c.logprobs for c in comps])
+    else:
+        ids, lps = np.zeros(0, np.uint32), np.zeros(0, np.float32)
+    # The models validated these at construction, but arrays can be mutated in place
+    # afterwards; an id past the vocabulary would lose its high bits silently.
+    if ids.size and int(ids.max()) >= header.vocab_size:
+        raise ProtocolError(
+            f"token id {int(ids.max())} >= vocab_size {header.vocab_size}", code=ErrorCode.BAD_TOKEN_ID
+        )
+    problem = logprob_problem(lps)
+    if problem:
+        raise ProtocolError(problem, code=ErrorCode.BAD_LOGPROB)
+
+    texts = [c.text for c in comps]
+    body = {
+        "groups": [
+            [
+                g.task_id,
+                g.generator_model_id,
+                [g.sampling.temperature, g.sampling.top_p, g.sampling.top_k, g.sampling.max_tokens],
+                len(g.completions),
+            ]
+            for g in packet.groups
+        ],
+        "lengths": lengths.tobytes(),
+        "finish": bytes(_FINISH_CODE[c.finish_reason] for c in comps),
+        "texts": texts if any(t is not None for t in texts) else None,
+        "ids_lo": ids.astype("<u2").tobytes(),  # uint32 -> uint16 keeps exactly the low 16 bits
+        "ids_hi": _pack_high_bits(ids, high_bit_planes(header.vocab_size)),
+        "logprobs": _quantize_logprobs(lps).tobytes(),
+    }
+    body_bytes = msgpack.packb(body, use_bin_type=True)
+    flags = 0
+    if compress:
+        import zstandard  # optional dependency, only needed when compressing
+
+        body_bytes = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(body_bytes)
+        flags |= FLAG_ZSTD
+    header_bytes = msgpack.packb(header.model_dump(), use_bin_type=True)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header_bytes), len(body_bytes))
+    return b"".join((prefix, header_bytes, body_bytes))
+
+
+def _pack_high_bits(ids: np.ndarray, planes: int) -> bytes:
+    if planes == 0:
+        return b""
+    shifts = np.arange(16, 16 + planes, dtype=np.uint32)[:, None]
+    bits = ((ids[None, :] >> shifts) & 1).astype(np.uint8)
+    return np.packbits(bits, axis=1).tobytes()
+
+
+def _quantize_logprobs(lps: np.ndarray) -> np.ndarray:
+    clipped = np.clip(lps, LOGPROB_FLOOR, 0.0)
+    return np.rint(clipped * _LP_ENCODE_SCALE).astype("<u2")
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _fail(code: ErrorCode, reason: str) -> NoReturn:
+    raise ProtocolError(reason, code=code)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _unpack(buf: Any, what: str) -> Any:
+    try:
+        # msgpack bounds every container by the buffer size, so this cannot balloon.
+        return msgpack.unpackb(buf, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError, ...)
+        _fail(ErrorCode.BAD_MSGPACK, f"{what} is not valid msgpack: {type(e).__name__}: {e}")
+
+
+def _validate(model: type[BaseModel], obj: Any, what: str) -> Any:
+    try:
+        return model.model_validate(obj, strict=True)
+    except ValidationError as e:
+        first = e.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "value"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        _fail(ErrorCode.BAD_SCHEMA, f"{what}: {loc}: {first['msg']}{more}")
+
+
+def _read_prefix(data: Any, limits: Limits, *, whole: bool = True) -> tuple[memoryview, int, int]:
+    """Check magic/version/flags/sizes; return (view, flags, end of header).
+
+    With `whole=False` only the prefix and header need to be present (peek_header).
+    """
+    if isinstance(data, memoryview):
+        data = data.tobytes()  # any format or stride becomes plain bytes
+    if not isinstance(data, (bytes, bytearray)):
+        _fail(ErrorCode.NOT_BYTES, f"packet must be bytes, got {type(data).__name__}")
+    view = memoryview(data)
+    if len(view) > limits.max_bytes:
+        _fail(ErrorCode.TOO_LARGE, f"packet is {len(view)} bytes, over the limit of {limits.max_bytes}")
+    if not MAGIC.startswith(bytes(view[: len(MAGIC)])):
+        _fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
+    if len(view) < PREFIX_SIZE:
+        _fail(ErrorCode.TRUNCATED, f"packet is {len(view)} bytes, shorter than the {PREFIX_SIZE}-byte prefix")
+    magic, version, flags, header_len, body_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        _fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        _fail(
+            ErrorCode.BAD_VERSION,
+            f"format version {version} is not supported (this node reads {FORMAT_VERSION})",
+        )
+    if flags & ~_KNOWN_FLAGS:
+        _fail(ErrorCode.BAD_FLAGS, f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x}")
+    header_end = PREFIX_SIZE + header_len
+    if not whole:
+        if header_end > len(view):
+            _fail(
+                ErrorCode.TRUNCATED,
+                f"header says {header_len} bytes but only {len(view) - PREFIX_SIZE} follow",
+            )
+        return view, flags, header_end
+    expected = header_end + body_len
+    if expected > len(view):
+        _fail(
+            ErrorCode.TRUNCATED,
+            f"prefix announces {header_len} header + {body_len} body bytes "
+            f"but only {len(view) - PREFIX_SIZE} follow",
+        )
+    if expected < len(view):
+        _fail(ErrorCode.LENGTH_MISMATCH, f"{len(view) - expected} unexpected bytes after the body")
+    return view, flags, header_end
+
+
+def _read_header(view: memoryview, header_end: int) -> PacketHeader:
+    raw = _unpack(view[PREFIX_SIZE:header_end], "header")
+    if not isinstance(raw, dict):
+        _fail(ErrorCode.BAD_SCHEMA, f"header must be a map, got {type(raw).__name__}")
+    # Checked before the schema: another version may well have other fields.
+    version = raw.get("protocol_version")
+    if version != PROTOCOL_VERSION:
+        _fail(
+            ErrorCode.BAD_VERSION,
+            f"protocol version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})",
+        )
+    return _validate(PacketHeader, raw, "header")
+
+
+def peek_header(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> PacketHeader:
+    """Decode only the header: the body is neither decompressed nor parsed, and need
+    not even be present (the first `PREFIX_SIZE + header length` bytes suffice)."""
+    view, _, header_end = _read_prefix(data, limits, whole=False)
+    return _read_header(view, header_end)
+
+
+def _decompress(frame: memoryview, max_bytes: int) -> bytes:
+    try:
+        import zstandard
+    except ImportError:
+        _fail(
+            ErrorCode.BAD_COMPRESSION, "packet is zstd-compressed but the zstandard package is not installed"
+        )
+    try:
+        declared = zstandard.get_frame_parameters(frame).content_size
+    except zstandard.ZstdError as e:
+        _fail(ErrorCode.BAD_COMPRESSION, f"body is not a zstd frame: {e}")
+    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+        _fail(ErrorCode.BAD_COMPRESSION, "zstd frame does not declare its decompressed size")
+    if declared > max_bytes:
+        _fail(
+            ErrorCode.DECOMPRESSION_BOMB,
+            f"zstd frame would decompress to {declared} bytes, over the limit of {max_bytes}",
+        )
+    try:
+        # One-shot into a buffer of exactly `declared` bytes: a frame that lies about its
+        # size fails here instead of growing the output.
+        out = zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False)
+    except zstandard.ZstdError as e:
+        _fail(ErrorCode.BAD_COMPRESSION, f"corrupt zstd frame: {e}")
+    if len(out) != declared:
+        _fail(ErrorCode.BAD_COMPRESSION, f"zstd frame declared {declared} bytes but gave {len(out)}")
+    return out
+
+
+def _blob(body: dict, key: str, dtype: str) -> np.ndarray:
+    value = body[key]
+    if not isinstance(value, bytes):
+        _fail(ErrorCode.BAD_SCHEMA, f"body field {key!r} must be binary, got {type(value).__name__}")
+    itemsize = np.dtype(dtype).itemsize
+    if len(value) % itemsize:
+        _fail(
+            ErrorCode.LENGTH_MISMATCH,
+            f"body field {key!r} is {len(value)} bytes, not a multiple of {itemsize}",
+        )
+    return np.frombuffer(value, dtype=dtype)
+
+
+def _expect_size(arr: np.ndarray, n: int, what: str) -> None:
+    if arr.size != n:
+        _fail(ErrorCode.LENGTH_MISMATCH, f"{what} has {arr.size} entries, expected {n}")
+
+
+def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
+    """Parse and fully validate a packet. Any problem raises `ProtocolError`, nothing else."""
+    view, flags, header_end = _read_prefix(data, limits)
+    header = _read_header(view, header_end)
+    body_buf: Any = view[header_end:]
+    if flags & FLAG_ZSTD:
+        body_buf = _decompress(body_buf, limits.max_bytes)
+    body = _unpack(body_buf, "body")
+    if not isinstance(body, dict):
+        _fail(ErrorCode.BAD_SCHEMA, f"body must be a map, got {type(body).__name__}")
+    if body.keys() != _BODY_KEYS:
+        missing, extra = sorted(_BODY_KEYS - body.keys()), sorted(map(str, body.keys() - _BODY_KEYS))
+        _fail(ErrorCode.BAD_SCHEMA, f"body fields are wrong (missing {missing}, unexpected {extra})")
+
+    # Group structure and counts first: they bound everything that follows.
+    raw_groups = body["groups"]
+    if not isinstance(raw_groups, list):
+        _fail(ErrorCode.BAD_SCHEMA, f"body field 'groups' must be a list, got {type(raw_groups).__name__}")
+    if len(raw_groups) > limits.max_groups:
+        _fail(ErrorCode.TOO_MANY_GROUPS, f"{len(raw_groups)} groups, over the limit of {limits.max_groups}")
+    counts: list[int] = []
+    samplings: list[SamplingParams] = []
+    for gi, rg in enumerate(raw_groups):
+        if not (isinstance(rg, list) and len(rg) == 4 and isinstance(rg[2], list) and len(rg[2]) == 4):
+            _fail(
+                ErrorCode.BAD_SCHEMA,
+                f"group {gi} is not "
+                "[task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n]",
+            )
+        n = rg[3]
+        if not _is_int(n) or n < 1:
+            _fail(ErrorCode.BAD_SCHEMA, f"group {gi}: completion count must be an int >= 1, got {n!r}")
+        if n > limits.max_completions_per_group:
+            _fail(
+                ErrorCode.TOO_MANY_COMPLETIONS,
+                f"group {gi} has {n} completions, over the limit of {limits.max_completions_per_group}",
+            )
+        counts.append(n)
+        samplings.append(
+            _validate(SamplingParams, dict(zip(_SAMPLING_FIELDS, rg[2], strict=True)), f"group {gi} sampling")
+        )
+    n_comp = sum(counts)
+
+    lengths = _blob(body, "lengths", "<u4")
+    _expect_size(lengths, n_comp, "'lengths'")
+    if n_comp and int(lengths.max()) > limits.max_tokens_per_completion:
+        i = int(np.argmax(lengths))
+        _fail(
+            ErrorCode.COMPLETION_TOO_LONG,
+            f"completion {i} has {int(lengths[i])} tokens, "
+            f"over the limit of {limits.max_tokens_per_completion}",
+        )
+    n_tok = int(lengths.sum(dtype=np.int64))
+    if n_tok > limits.max_total_tokens:
+        _fail(ErrorCode.TOO_MANY_TOKENS, f"{n_tok} tokens, over the limit of {limits.max_total_tokens}")
+    if n_comp:
+        allowed = np.repeat(np.array([s.max_tokens for s in samplings], dtype=np.int64), counts)
+        over = np.flatnonzero(lengths > allowed)
+        if over.size:
+            i = int(over[0])
+            _fail(
+                ErrorCode.LENGTH_MISMATCH,
+                f"completion {i} has {int(lengths[i])} tokens, "
+                f"more than its group's max_tokens={int(allowed[i])}",
+            )
+
+    finish = _blob(body, "finish", "u1")
+    _expect_size(finish, n_comp, "'finish'")
+    if n_comp and int(finish.max()) >= len(_FINISH_REASONS):
+        _fail(ErrorCode.BAD_SCHEMA, f"finish reason code {int(finish.max())} is unknown")
+    texts = _read_texts(body["texts"], n_comp, limits.max_text_chars)
+
+    ids_lo = _blob(body, "ids_lo", "<u2")
+    _expect_size(ids_lo, n_tok, "'ids_lo'")
+    q = _blob(body, "logprobs", "<u2")
+    _expect_size(q, n_tok, "'logprobs'")
+    planes = high_bit_planes(header.vocab_size)
+    plane_bytes = (n_tok + 7) // 8
+    ids_hi = _blob(body, "ids_hi", "u1")
+    _expect_size(ids_hi, planes * plane_bytes, "'ids_hi'")
+
+    ids = ids_lo.astype(np.uint32)
+    if planes:
+        bits = np.unpackbits(ids_hi.reshape(planes, plane_bytes), axis=1, count=n_tok)
+        for k in range(planes):
+            ids |= bits[k].astype(np.uint32) << np.uint32(16 + k)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    if n_tok and int(ids.max()) >= header.vocab_size:
+        pos = int(np.argmax(ids))
+        ci = int(np.searchsorted(ends, pos, side="right"))
+        _fail(
+            ErrorCode.BAD_TOKEN_ID,
+            f"completion {ci}: token id {int(ids[pos])} is outside the vocabulary "
+            f"(vocab_size={header.vocab_size})",
+        )
+    # Fixed point cannot express a positive or non-finite value, so no check is needed.
+    lps = q.astype(np.float32)
+    lps *= _LP_DECODE_STEP
+
+    # Every per-token property is checked above, vectorized; building the models
+    # without re-validating each completion is what keeps decode fast.
+    end_list = ends.tolist()
+    start_list = [0, *end_list[:-1]] if end_list else []
+    finish_list = finish.tolist()
+    completions = [
+        Completion.model_construct(
+            token_ids=ids[s:e],
+            logprobs=lps[s:e],
+            text=texts[i],
+            finish_reason=_FINISH_REASONS[finish_list[i]],
+        )
+        for i, (s, e) in enumerate(zip(start_list, end_list, strict=True))
+    ]
+    groups = []
+    first = 0
+    for gi, (rg, n, sampling) in enumerate(zip(raw_groups, counts, samplings, strict=True)):
+        raw = {
+            "task_id": rg[0],
+            "generator_model_id": rg[1],
+            "sampling": sampling,
+            "completions": completions[first : first + n],
+        }
+        groups.append(_validate(Group, raw, f"group {gi}"))
+        first += n
+    return RolloutPacket.model_construct(header=header, groups=groups)
+
+
+def _read_texts(raw: Any, n_comp: int, max_chars: int) -> list[str | None]:
+    if raw is None:
+        return [None] * n_comp
+    if not isinstance(raw, list):
+        _fail(ErrorCode.BAD_SCHEMA, f"body field 'texts' must be nil or a list, got {type(raw).__name__}")
+    if len(raw) != n_comp:
+        _fail(ErrorCode.LENGTH_MISMATCH, f"'texts' has {len(raw)} entries, expected {n_comp}")
+    for i, t in enumerate(raw):
+        if t is None:
+            continue
+        if not isinstance(t, str):
+            _fail(
+                ErrorCode.BAD_SCHEMA, f"text of completion {i} must be a str or nil, got {type(t).__name__}"
+            )
+        if len(t) > max_chars:
+            _fail(
+                ErrorCode.TEXT_TOO_LONG,
+                f"text of completion {i} has {len(t)} characters, over the limit of {max_chars}",
+            )
+    return raw
