@@ -1,0 +1,134 @@
+"""The `ftis-node` command line. Heavy imports (torch, hivemind) happen inside commands,
+so `ftis-node --help` and `ftis-node version` answer instantly."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from node import __version__
+from node.cli_options import with_config_options
+
+app = typer.Typer(
+    name="ftis-node",
+    help="Peer-to-peer collaborative RL for language models with F-TIS.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print figures (and JSON with --json).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _emit(result: dict, as_json: bool, table: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    else:
+        typer.echo(table)
+
+
+@app.command()
+def version() -> None:
+    """Print the ftis-node version and the wire protocol version."""
+    from protocol import PROTOCOL_VERSION
+
+    typer.echo(f"ftis-node {__version__} (protocol {PROTOCOL_VERSION})")
+
+
+@bench_app.command("protocol")
+def bench_protocol(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    repeats: int = typer.Option(5, min=1, help="Repeats; figures are medians."),
+) -> None:
+    """Packet size and encode/decode speed against the paper's 8 bytes/token."""
+    from node.bench.protocol import format_protocol_bench, run_protocol_bench
+
+    result = run_protocol_bench(repeats=repeats)
+    _emit(result, as_json, format_protocol_bench(result))
+
+
+SWARM_ONLY = {
+    "swarm", "swarm_id", "host", "port", "announce", "client_mode", "auto_relay", "startup_timeout",
+    "gather_seconds", "expect_peers", "peer_share", "cross_tokenizer", "round_seconds",
+}
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(code)
+
+
+def _run_node(config, *, use_swarm: bool) -> None:
+    from node.daemon import Node, install_stop_handlers
+    from node.progress import RoundPrinter
+    from node.swarm.errors import SwarmStartError
+
+    printer = RoundPrinter(config, solo=not use_swarm)
+    node = Node(config, use_swarm=use_swarm, on_round=printer.round, on_ready=printer.ready)
+    install_stop_handlers(node)
+    try:
+        with printer.loading():
+            node.setup()
+    except SwarmStartError as err:
+        node.close()
+        _fail(str(err))
+    except (ValueError, FileNotFoundError) as err:  # bad model / task / checkpoint settings
+        node.close()
+        _fail(str(err))
+    results = node.run()
+    printer.summary(results)
+
+
+@app.command()
+@with_config_options()
+def join(config) -> None:
+    """Join a swarm (or start a new one) and train with F-TIS on own and peers' samples.
+
+    With no --swarm it starts a new swarm and prints the line others run to join it.
+    """
+    _run_node(config, use_swarm=True)
+
+
+@app.command()
+@with_config_options(exclude=SWARM_ONLY)
+def train(config, resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint.")) -> None:
+    """Train one node on its own samples, with no swarm (the solo loop)."""
+    from node.train.checkpoint import load_latest
+
+    if config.rounds is None:
+        _fail("pass --rounds N (how many rounds to train)")
+    ckpt_dir = config.node_dir / "checkpoints"
+    if not resume and load_latest(ckpt_dir) is not None:
+        _fail(f"checkpoints exist in {ckpt_dir}; pass --resume to continue, or a new --data-dir / --name")
+    _run_node(config.model_copy(update={"api_port": None}), use_swarm=False)
+
+
+@app.command()
+def demo(
+    nodes: int = typer.Option(3, help="How many nodes (2-4; 5 with --with-smollm)."),
+    rounds: int = typer.Option(8, min=1, help="Rounds each node plays before the demo ends."),
+    round_seconds: float = typer.Option(12.0, min=1, help="Length of a round."),
+    loss: str = typer.Option("f-tis", help="Loss variant for every node (see `join --help`)."),
+    with_smollm: bool = typer.Option(False, help="Add a node running the embedded SmolLM2-135M (slow on CPU)."),
+    keep_running: bool = typer.Option(False, help="Run until Ctrl-C instead of stopping after --rounds."),
+    workdir: Optional[Path] = typer.Option(None, help="Folder for logs and checkpoints [default: a temp folder]."),
+) -> None:
+    """A local swarm of heterogeneous nodes on loopback, with a live table and a summary."""
+    from node.demo import Demo
+
+    try:
+        runner = Demo(nodes=nodes, rounds=rounds, round_seconds=round_seconds, loss=loss,
+                      with_smollm=with_smollm, keep_running=keep_running, workdir=workdir)
+    except ValueError as err:
+        _fail(str(err))
+    summary = runner.run()
+    if any(s["exit_code"] not in (0, None) for s in summary.values()):
+        _fail(f"a node failed; see the logs in {runner.workdir}", code=1)
+
+
+if __name__ == "__main__":
+    app()
