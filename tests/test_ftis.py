@@ -461,3 +461,18 @@ def test_loss_metrics_agree_with_offpolicy_stats():
     mf = (-(logp.detach() - logp_gen) * mask).sum(-1)
     assert m["frac_filtered"] == pytest.approx(((adv < 0) & (mf > 5.0)).double().mean().item())
     assert m["frac_filtered"] > 0
+
+
+def test_metrics_can_be_skipped_without_changing_loss_or_gradient():
+    torch.manual_seed(3)
+    logp = (-torch.rand(4, 6, dtype=torch.float64) * 3).requires_grad_()
+    logp_gen = -torch.rand(4, 6, dtype=torch.float64) * 3
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    cfg = LossConfig(variant="f-tis", kl_threshold=0.5)
+    full, metrics = ftis_loss(logp, logp_gen, adv, mask, cfg)
+    (g_full,) = torch.autograd.grad(full, logp)
+    bare, none = ftis_loss(logp, logp_gen, adv, mask, cfg, with_metrics=False)
+    (g_bare,) = torch.autograd.grad(bare, logp)
+    assert none == {} and metrics["frac_filtered"] > 0
+    assert torch.equal(full, bare) and torch.equal(g_full, g_bare)

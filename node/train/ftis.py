@@ -321,6 +321,12 @@ def _masked_seq_mean(x: Tensor, n_tok: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- stats
 
 
+def _sequence_kl(delta: Tensor, n_tok: Tensor, cfg: LossConfig) -> Tensor:
+    """kl_i = sum_t(-delta_t), or its mean over the sequence's tokens (delta is 0 at padding)."""
+    kl = -delta.sum(-1)
+    return kl / n_tok.clamp(min=1) if cfg.kl_reduction == "mean" else kl
+
+
 def _offpolicy_core(
     delta: Tensor, w_is: Tensor, valid: Tensor, n_tok: Tensor, cfg: LossConfig
 ) -> tuple[dict[str, Tensor], Tensor]:
@@ -332,9 +338,7 @@ def _offpolicy_core(
     dt = delta.dtype
     n_all = valid.sum().clamp(min=1).to(dt)
     vf = valid.to(dt)
-    kl = -delta.sum(-1)  # delta is 0 at padding
-    if cfg.kl_reduction == "mean":
-        kl = kl / n_tok.clamp(min=1)
+    kl = _sequence_kl(delta, n_tok, cfg)
     w = w_is * vf
     mean_w = w.sum() / n_all
     mean_w2 = (w * w).sum() / n_all
@@ -415,6 +419,7 @@ def ftis_loss(
     group_ids: Tensor | None = None,
     seq_weights: Tensor | None = None,
     sequence_scale: Tensor | None = None,
+    with_metrics: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """The F-TIS loss (or one of its variants, `cfg.variant`) on a padded batch.
 
@@ -434,6 +439,8 @@ def ftis_loss(
         sequence_scale: [B] >= 0, explicit normalisation: loss = -sum_i scale_i *
             mean_t(w s). Pass the slice of `group_mean_scale(batch_group_ids)` for a
             micro-batch; exclusive with group_ids.
+        with_metrics: False skips the diagnostics (metrics is then {}): a trainer that
+            accumulates micro-batches computes them once over the whole batch instead.
 
     A row with no completion token contributes 0 but still counts in its group's size.
     vis / f-vis use the raw ratio pi / pi_gen: with A < 0 the PPO min leaves it
@@ -458,7 +465,10 @@ def ftis_loss(
     # delta_t = logp.detach() - logp_gen ; kl_i = sum_t(-delta_t) (or its token mean)
     delta = logp.detach() - logp_gen
     w_is = torch.exp(delta).clamp(max=cfg.is_cap)
-    stats, kl = _offpolicy_core(delta, w_is, valid, n_tok, cfg)
+    if with_metrics:
+        stats, kl = _offpolicy_core(delta, w_is, valid, n_tok, cfg)
+    else:
+        kl = _sequence_kl(delta, n_tok, cfg)
 
     # The filter: drop whole negative-advantage sequences the local policy finds too
     # far from the generator; positive advantages are never filtered.
@@ -477,6 +487,8 @@ def ftis_loss(
     s = _ppo_term(ratio, adv, cfg.clip_eps)
     per_seq = _masked_seq_mean(w * s * vf, n_tok)
     loss = -(scale * per_seq).sum()
+    if not with_metrics:
+        return loss, {}
 
     n_all = n_tok.sum().clamp(min=1)
     with torch.no_grad():
