@@ -1,0 +1,303 @@
+"""The Hugging Face transformers engine: `generate` with KV cache, on CPU or one GPU.
+
+Log-probs are recomputed from the RAW logits (`output_logits=True`) with the same
+temperature / top-k / top-p transform the sampler applied (`sampling_logprobs`), not
+read from `scores`: those are the fully processed scores, which include any extra
+masking (min length, suppressed tokens) that is not part of the policy distribution.
+
+The engine owns its sampling distribution: the model's own `generation_config.json`
+(repetition penalty, default top-k 50, min-p ...) is replaced by a neutral one at load,
+so nothing beyond what `Sampling` says can shape the draw.
+
+Weights switch in place. A LoRA adapter is injected into the loaded base modules
+(peft), and the previous adapter is deleted so only one is ever held; a full model
+folder is copied into the existing parameters. The base model is never reloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from node.rollout.base import RolloutEngine, Sample, Sampling
+from node.train.checkpoint import load_safetensors_into
+from node.train.logprobs import sampling_logprobs
+
+__all__ = ["HFEngine"]
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
+    """Every id that ends a completion: the model's generation EOS ids and the tokenizer's."""
+    ids: list[int] = []
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        for i in [source] if isinstance(source, int) else list(source):
+            if i not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the model and tokenizer define no EOS token; completions could never stop")
+    return ids
+
+
+class HFEngine(RolloutEngine):
+    """Rollouts with `transformers.generate`.
+
+    `max_batch_sequences` bounds how many sequences (prompts x n) share one `generate`
+    call; with `output_logits` the engine holds steps x sequences x vocab floats, so
+    this is the knob that bounds memory.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer,
+        *,
+        use_chat_template: bool = False,
+        max_batch_sequences: int = 64,
+    ) -> None:
+        if max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be >= 1, got {max_batch_sequences}")
+        if use_chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self._base: PreTrainedModel | None = model.eval()
+        self._tokenizer = tokenizer
+        self._peft = None  # a PeftModel wrapping self._base while an adapter is loaded
+        self._slot = 0  # peft adapter names must be module-safe, so versions map to slots
+        self._version = "base"
+        self.use_chat_template = use_chat_template
+        self.max_batch_sequences = max_batch_sequences
+        self._eos = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self._pad = int(pad) if pad is not None else self._eos[0]
+        self._vocab = int(model.get_input_embeddings().weight.shape[0])
+        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        model.generation_config = GenerationConfig(
+            eos_token_id=self._eos, pad_token_id=self._pad, bos_token_id=model.generation_config.bos_token_id
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | Path,
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str = "cpu",
+        tokenizer=None,
+        use_chat_template: bool = False,
+        max_batch_sequences: int = 64,
+    ) -> "HFEngine":
+        """Load a model by alias (`tiny-s`, `qwen2.5-1.5b`), local folder or hub id."""
+        from node.models.registry import load_model
+
+        loaded, loaded_tokenizer = load_model(model, dtype=dtype, device=device)
+        return cls(
+            loaded,
+            tokenizer if tokenizer is not None else loaded_tokenizer,
+            use_chat_template=use_chat_template,
+            max_batch_sequences=max_batch_sequences,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def adapter_version(self) -> str:
+        return self._version
+
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The transformers model whose modules generate (LoRA layers live inside it)."""
+        if self._base is None:
+            raise RuntimeError("the engine is closed")
+        return self._base
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.base_model.parameters()).device
+
+    # ------------------------------------------------------------------ generation
+    def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+        """Prompts to token ids, validating them; text gets the chat template if enabled."""
+        if all(isinstance(p, str) for p in prompts):
+            out = []
+            for p in prompts:
+                if self.use_chat_template:
+                    p = self._tokenizer.apply_chat_template(
+                        [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                    )
+                    out.append(self._tokenizer.encode(p, add_special_tokens=False))
+                else:
+                    out.append(self._tokenizer.encode(p))
+        elif all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+            out = [[int(t) for t in p] for p in prompts]
+        else:
+            raise TypeError("prompts must be all strings or all token-id lists")
+        for i, ids in enumerate(out):
+            if not ids:
+                raise ValueError(f"prompt {i} is empty (encodes to no tokens)")
+            if min(ids) < 0 or max(ids) >= self._vocab:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self._vocab})")
+        return out
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed sampling without disturbing the process-wide RNG streams."""
+        if seed is None:
+            yield
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
+    def generate(
+        self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
+    ) -> list[list[Sample]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        if not prompts:
+            return []
+        ids = self.encode(prompts)
+        if self._max_positions is not None:
+            longest = max(len(p) for p in ids) + sampling.max_tokens
+            if longest > self._max_positions:
+                raise ValueError(
+                    f"prompt + max_tokens = {longest} exceeds the model's {self._max_positions} positions"
+                )
+        per_call = max(1, self.max_batch_sequences // n)
+        results: list[list[Sample]] = []
+        with self._seeded(sampling.seed), torch.inference_mode():
+            for start in range(0, len(ids), per_call):
+                results.extend(self._generate_chunk(ids[start : start + per_call], n, sampling))
+        return results
+
+    def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+            input_ids[i, width - len(p) :] = torch.tensor(p)
+            attention[i, width - len(p) :] = 1
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,  # 0 = off (HF's own default would be 50)
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_tokens,
+            num_return_sequences=n,
+            eos_token_id=self._eos,
+            pad_token_id=self._pad,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        out = self.base_model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), generation_config=config
+        )
+        generated = out.sequences[:, width:]
+        logprobs = torch.stack(
+            [
+                sampling_logprobs(step_logits, generated[:, t], sampling.temperature, sampling.top_k, sampling.top_p)
+                for t, step_logits in enumerate(out.logits)
+            ],
+            dim=1,
+        )
+        generated, logprobs = generated.cpu(), logprobs.float().cpu().numpy()
+        eos = torch.tensor(self._eos)
+
+        samples: list[list[Sample]] = []
+        for i, prompt in enumerate(prompts):
+            group = []
+            for row in range(i * n, (i + 1) * n):  # generate repeats each prompt n times in a row
+                tokens = generated[row]
+                hits = torch.isin(tokens, eos).nonzero()
+                if len(hits):  # cut after the first EOS; what follows is padding
+                    length, reason = int(hits[0]) + 1, "stop"
+                else:
+                    length, reason = len(tokens), "length"
+                token_ids = tokens[:length].tolist()
+                group.append(
+                    Sample(
+                        prompt_token_ids=list(prompt),
+                        token_ids=token_ids,
+                        logprobs=logprobs[row, :length].astype(np.float32),
+                        text=self._tokenizer.decode(token_ids, skip_special_tokens=True),
+                        finish_reason=reason,
+                    )
+                )
+            samples.append(group)
+        return samples
+
+    # ------------------------------------------------------------------ weights
+    def load_adapter(self, path: str | Path | None, version: str) -> None:
+        """Switch weights: a peft LoRA folder, a full model folder, or None for the base."""
+        if path is None:
+            self._drop_adapter()
+            self._version = version
+            return
+        path = Path(path)
+        if (path / "adapter_config.json").is_file():
+            self._load_lora(path)
+            self._version = version
+        elif (path / "config.json").is_file():
+            self.load_weights(path, version)
+        else:
+            raise FileNotFoundError(
+                f"{path}: neither a peft adapter (adapter_config.json) nor a model folder (config.json)"
+            )
+
+    def _load_lora(self, path: Path) -> None:
+        from peft import PeftModel
+
+        slot = f"slot{self._slot}"
+        self._slot += 1
+        if self._peft is None:
+            self._peft = PeftModel.from_pretrained(self.base_model, str(path), adapter_name=slot, is_trainable=False)
+        else:
+            old = self._peft.active_adapter
+            self._peft.load_adapter(str(path), adapter_name=slot, is_trainable=False)
+            self._peft.set_adapter(slot)
+            self._peft.delete_adapter(old)  # keep one adapter resident, however many rounds pass
+        self.base_model.eval()
+
+    def _drop_adapter(self) -> None:
+        """Remove the LoRA layers, leaving the original base modules (and tensors) in place."""
+        if self._peft is not None:
+            self._base = self._peft.unload()
+            self._peft = None
+            gc.collect()
+
+    def load_weights(self, path: str | Path, version: str) -> None:
+        """Copy a full model folder's safetensors into the loaded model, in place.
+
+        Any adapter is dropped first: it was trained against the old weights. Every
+        tensor is checked (names, shapes) before the first one is copied, so a bad
+        folder leaves the base weights untouched; the engine is then on the base.
+        """
+        had_adapter = self._peft is not None
+        self._drop_adapter()
+        try:
+            load_safetensors_into(self.base_model, path)
+        except Exception:
+            if had_adapter:
+                self._version = "base"
+            raise
+        self._version = version
+
+    def close(self) -> None:
+        self._peft = None
+        self._base = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,397 @@
+"""The trainer: owns the local policy (LoRA or full) and its optimizer, applies F-TIS.
+
+One `step(batch)` is one optimizer step on one mixed batch of own and peers' samples.
+The batch is split into micro-batches by a padded-token budget so memory stays bounded
+whatever the batch size; their gradients accumulate to exactly the full-batch gradient
+because each micro-batch is scored with its slice of the whole batch's
+mean_groups-mean_i normalisation (`group_mean_scale` -> `sequence_scale`).
+
+Each sequence is scored under the sampling transform its generator used (temperature,
+top-k, top-p travel with the sample), so log pi and log pi_gen refer to the same
+distribution family and their ratio is the importance weight F-TIS needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from node.train import checkpoint as ckpt_io
+from node.train.ftis import LossConfig, ftis_loss, group_mean_scale, offpolicy_stats
+from node.train.logprobs import sequence_logprobs
+
+__all__ = ["TrainBatch", "TrainSequence", "Trainer", "TrainerConfig"]
+
+_DEFAULT_LR = {"full": 1e-6, "lora": 2e-4}
+
+
+class TrainerConfig(BaseModel):
+    """How to train. The learning rate defaults by mode: 1e-6 full (the paper), 2e-4 LoRA."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["lora", "full"] = "lora"
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float | None = Field(None, gt=0, description="None: 1e-6 for full, 2e-4 for LoRA.")
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm (None: no clip).")
+    micro_batch_tokens: int = Field(4096, ge=1, description="Padded tokens per forward/backward pass.")
+    loss: LossConfig = Field(default_factory=LossConfig)
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"AdamW betas must be in [0, 1), got {v}")
+        return v
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else _DEFAULT_LR[self.mode]
+
+
+class TrainSequence(BaseModel):
+    """One completion to learn from, with what the loss needs about it."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    prompt_ids: list[int] = Field(min_length=1)
+    completion_ids: list[int] = Field(min_length=1)
+    logp_gen: np.ndarray  # float32 [len(completion_ids)]: the generator's sampling log-probs
+    advantage: float  # from the generator's group rewards (group_advantages), before filtering
+    group_id: int  # one prompt answered by ONE generator model
+    seq_weight: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    source: str = "self"  # who generated it; off-policy stats are reported per source
+
+    @field_validator("logp_gen", mode="before")
+    @classmethod
+    def _as_float32(cls, v: Any) -> np.ndarray:
+        arr = np.asarray(v, dtype=np.float32)
+        if arr.ndim != 1:
+            raise ValueError(f"logp_gen must be 1-D, got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("logp_gen has non-finite values")
+        if np.any(arr > 1e-4):  # a log-prob is <= 0; allow fp16 rounding from the wire
+            raise ValueError("logp_gen has positive values (not log-probabilities)")
+        return arr
+
+    @field_validator("advantage")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"advantage must be finite, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> "TrainSequence":
+        if len(self.logp_gen) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.logp_gen)} log-probs")
+        return self
+
+    @property
+    def sampling_key(self) -> tuple[float, int, float]:
+        return (self.temperature, self.top_k, self.top_p)
+
+
+class TrainBatch(BaseModel):
+    """The sequences of one optimizer step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sequences: list[TrainSequence] = Field(min_length=1)
+
+
+def _tensor_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(named, key=lambda kv: kv[0]):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Trainer:
+    """Trains one policy with F-TIS. `step` per round, `save_adapter` to publish weights."""
+
+    def __init__(self, model_path: str | Path, cfg: TrainerConfig | None = None) -> None:
+        """`model_path`: a model alias (`tiny-s`), a local folder or a hub id."""
+        from node.models.registry import load_model
+
+        self.cfg = cfg = cfg or TrainerConfig()
+        self.model_path = model_path
+        # Initialise under a fixed seed without consuming the caller's RNG streams.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            base, self.tokenizer = load_model(model_path, dtype=cfg.dtype, device="cpu")
+            if cfg.mode == "lora":
+                from peft import LoraConfig, get_peft_model
+
+                lora = LoraConfig(
+                    r=cfg.lora_rank,
+                    lora_alpha=cfg.lora_alpha,
+                    lora_dropout=cfg.lora_dropout,
+                    target_modules=list(cfg.target_modules),
+                    task_type="CAUSAL_LM",
+                )
+                self.model = get_peft_model(base, lora)
+            else:
+                self.model = base
+        self.model.to(cfg.device).train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.learning_rate,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            eps=cfg.adam_eps,
+        )
+        config = base.config
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        # Padding is masked out; any valid id does. eos_token_id may be a list.
+        self.pad_id = int(pad[0] if isinstance(pad, (list, tuple)) else pad) if pad is not None else 0
+        self.vocab_size = int(base.get_input_embeddings().weight.shape[0])
+        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self.steps = 0
+        self._version: tuple[int, str] | None = None
+
+    # ------------------------------------------------------------------ batching
+    def plan_micro_batches(self, sequences: list[TrainSequence]) -> list[list[int]]:
+        """Indices of each micro-batch: same sampling transform, padded size within budget.
+
+        A micro-batch is laid out as [left-padded prompts | right-padded completions],
+        so its size is rows x (longest prompt + longest completion). Sequences are
+        sorted by length to waste little padding; one that alone exceeds the budget
+        gets a micro-batch of its own (a sequence is never split).
+        """
+        budget = self.cfg.micro_batch_tokens
+        by_key: dict[tuple[float, int, float], list[int]] = defaultdict(list)
+        for i, s in enumerate(sequences):
+            by_key[s.sampling_key].append(i)
+        plan: list[list[int]] = []
+        for key in sorted(by_key):
+            order = sorted(
+                by_key[key], key=lambda i: (len(sequences[i].prompt_ids) + len(sequences[i].completion_ids), i)
+            )
+            current: list[int] = []
+            p_max = t_max = 0
+            for i in order:
+                p, t = len(sequences[i].prompt_ids), len(sequences[i].completion_ids)
+                wide_p, wide_t = max(p_max, p), max(t_max, t)
+                if current and (len(current) + 1) * (wide_p + wide_t) > budget:
+                    plan.append(current)
+                    current, wide_p, wide_t = [], p, t
+                current.append(i)
+                p_max, t_max = wide_p, wide_t
+            plan.append(current)
+        return plan
+
+    def _check(self, batch: TrainBatch) -> None:
+        for i, s in enumerate(batch.sequences):
+            hi = max(max(s.prompt_ids), max(s.completion_ids))
+            lo = min(min(s.prompt_ids), min(s.completion_ids))
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"sequence {i}: token ids outside the vocabulary [0, {self.vocab_size})")
+            length = len(s.prompt_ids) + len(s.completion_ids)
+            if self.max_positions is not None and length > self.max_positions:
+                raise ValueError(f"sequence {i}: {length} tokens, the model has {self.max_positions} positions")
+
+    # ------------------------------------------------------------------ the step
+    def step(self, batch: TrainBatch) -> dict[str, Any]:
+        """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds."""
+        self._check(batch)
+        start = time.perf_counter()
+        seqs = batch.sequences
+        device = self.cfg.device
+        scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
+        plan = self.plan_micro_batches(seqs)
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        logp_rows: list[torch.Tensor | None] = [None] * len(seqs)
+        for idx in plan:
+            sub = [seqs[i] for i in idx]
+            temperature, top_k, top_p = sub[0].sampling_key
+            logp, mask = sequence_logprobs(
+                self.model,
+                [s.prompt_ids for s in sub],
+                [s.completion_ids for s in sub],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                pad_id=self.pad_id,
+            )
+            logp_gen = self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device)
+            loss, _ = ftis_loss(
+                logp,
+                logp_gen,
+                torch.tensor([s.advantage for s in sub], device=device),
+                mask,
+                self.cfg.loss,
+                seq_weights=torch.tensor([s.seq_weight for s in sub], device=device),
+                sequence_scale=scale[idx].to(device),
+                with_metrics=False,  # computed once over the whole batch below
+            )
+            loss.backward()
+            for row, i in enumerate(idx):
+                logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].detach().float().cpu()
+
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        self.optimizer.step()
+        self.steps += 1
+
+        metrics = self._batch_metrics(seqs, logp_rows, scale)
+        metrics.update(
+            grad_norm=grad_norm,
+            tokens=sum(len(s.completion_ids) for s in seqs),
+            micro_batches=len(plan),
+            lr=self.optimizer.param_groups[0]["lr"],
+            step=self.steps,
+            seconds=time.perf_counter() - start,
+        )
+        return metrics
+
+    @staticmethod
+    def _pad(rows: list[np.ndarray] | list[torch.Tensor], width: int) -> torch.Tensor:
+        out = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+        return out
+
+    def _batch_metrics(
+        self, seqs: list[TrainSequence], logp_rows: list[torch.Tensor | None], scale: torch.Tensor
+    ) -> dict[str, Any]:
+        """The loss's metrics over the WHOLE batch (quantiles do not average across micro-batches),
+        and per source the off-policy diagnostics plus the share of sequences the filter dropped.
+
+        Recomputed from the detached log-probs of the pass just made, so no extra forward.
+        """
+        assert all(r is not None for r in logp_rows), "every sequence is scored in some micro-batch"
+        width = max(len(s.completion_ids) for s in seqs)
+        logp = self._pad(logp_rows, width)  # type: ignore[arg-type]
+        gen = self._pad([s.logp_gen for s in seqs], width)
+        mask = self._pad([np.ones(len(s.completion_ids), dtype=np.float32) for s in seqs], width)
+        adv = torch.tensor([s.advantage for s in seqs])
+        with torch.no_grad():
+            _, metrics = ftis_loss(
+                logp,
+                gen,
+                adv,
+                mask,
+                self.cfg.loss,
+                seq_weights=torch.tensor([s.seq_weight for s in seqs]),
+                sequence_scale=scale,
+            )
+            by_source: dict[str, Any] = {}
+            for source in sorted({s.source for s in seqs}):
+                sel = [i for i, s in enumerate(seqs) if s.source == source]
+                stats = offpolicy_stats(logp[sel], gen[sel], mask[sel], self.cfg.loss)
+                _, subset = ftis_loss(logp[sel], gen[sel], adv[sel], mask[sel], self.cfg.loss)
+                stats["frac_filtered"] = subset["frac_filtered"]
+                by_source[source] = stats
+        metrics["by_source"] = by_source
+        return metrics
+
+    # ------------------------------------------------------------------ weights out
+    def _published_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        if self.cfg.mode == "lora":
+            from peft import get_peft_model_state_dict
+
+            return list(get_peft_model_state_dict(self.model).items())
+        return list(self.model.state_dict().items())
+
+    @property
+    def adapter_version(self) -> str:
+        """A content hash of the published weights (the LoRA tensors, or the full model)."""
+        if self._version is None or self._version[0] != self.steps:
+            self._version = (self.steps, _tensor_digest(self._published_tensors()))
+        return self._version[1]
+
+    def save_adapter(self, path: str | Path) -> Path:
+        """Write the policy for the rollout engine: a peft adapter folder, or a full model folder.
+
+        The adapter loads with `PeftModel.from_pretrained` and vLLM's `LoRARequest`; the
+        full folder (weights, config and tokenizer) with `from_pretrained`.
+        """
+        path = Path(path)
+        self.model.save_pretrained(path)
+        if self.cfg.mode == "full":
+            self.tokenizer.save_pretrained(path)
+        return path
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self,
+        root: str | Path,
+        round: int,
+        *,
+        keep: int = 3,
+        extra: dict[str, Any] | None = None,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> ckpt_io.Checkpoint:
+        """Atomically checkpoint weights, optimizer, RNG and round under `root`."""
+        return ckpt_io.save_checkpoint(
+            root,
+            round,
+            write_weights=self.save_adapter,
+            optimizer_state=self.optimizer.state_dict(),
+            step=self.steps,
+            mode=self.cfg.mode,
+            adapter_version=self.adapter_version,
+            extra=extra,
+            keep=keep,
+            on_stage=on_stage,
+        )
+
+    def resume(self, ckpt: ckpt_io.Checkpoint) -> None:
+        """Restore weights, optimizer state, step count and RNG streams from `ckpt`."""
+        if ckpt.meta.mode != self.cfg.mode:
+            raise ValueError(
+                f"checkpoint {ckpt.path} is a {ckpt.meta.mode} checkpoint, this trainer trains {self.cfg.mode}"
+            )
+        if self.cfg.mode == "lora":
+            self._load_lora_weights(ckpt.weights_dir)
+        else:
+            ckpt_io.load_safetensors_into(self.model, ckpt.weights_dir)
+        state = torch.load(ckpt.optimizer_path, map_location=self.cfg.device, weights_only=True)
+        self.optimizer.load_state_dict(state)
+        self.steps = ckpt.meta.step
+        self._version = None
+        ckpt_io.restore_rng_state(torch.load(ckpt.rng_path, weights_only=True))
+        if self.adapter_version != ckpt.meta.adapter_version:
+            raise ckpt_io.CheckpointError(f"{ckpt.path}: restored weights do not hash to the recorded version")
+
+    def _load_lora_weights(self, folder: Path) -> None:
+        import json
+
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        saved = json.loads((folder / "adapter_config.json").read_text())
+        want = {"r": self.cfg.lora_rank, "target_modules": sorted(self.cfg.target_modules)}
+        got = {"r": saved.get("r"), "target_modules": sorted(saved.get("target_modules") or [])}
+        if want != got:
+            raise ValueError(f"{folder}: adapter has {got}, this trainer is configured for {want}")
+        state = load_file(str(folder / "adapter_model.safetensors"), device=str(self.cfg.device))
+        result = set_peft_model_state_dict(self.model, state)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{folder}: unexpected adapter tensors {result.unexpected_keys[:5]}")
