@@ -51,6 +51,61 @@ def bench_protocol(
     _emit(result, as_json, format_protocol_bench(result))
 
 
+@bench_app.command("train")
+def bench_train(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    model: str = typer.Option("tiny-m", help="Model alias or folder."),
+    batch: int = typer.Option(16, min=2, help="Sequences per step."),
+    completion_len: int = typer.Option(64, min=1, help="Tokens per completion."),
+    repeats: int = typer.Option(5, min=1, help="Repeats; figures are medians."),
+) -> None:
+    """One F-TIS trainer step vs plain GRPO vs TRL's GRPOTrainer on the same batch."""
+    from node.bench.train import format_train_bench, run_train_bench
+
+    result = run_train_bench(model=model, batch=batch, completion_len=completion_len, repeats=repeats)
+    _emit(result, as_json, format_train_bench(result))
+
+
+@bench_app.command("gather")
+def bench_gather(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    peers: list[int] = typer.Option([2, 4, 8], help="Swarm sizes to measure (repeatable)."),
+    rounds: int = typer.Option(5, min=1, help="Rounds per swarm size; figures are medians."),
+) -> None:
+    """Time for a node to gather every peer's packet, with N real DHT processes on loopback."""
+    from node.bench.gather import format_gather_bench, run_gather_bench
+
+    result = run_gather_bench(peers=peers, rounds=rounds)
+    _emit(result, as_json, format_gather_bench(result))
+
+
+@bench_app.command("engines")
+def bench_engines(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    models: list[str] = typer.Option(["tiny-s", "tiny-m", "tiny-l"], "--model", help="Models (repeatable)."),
+    repeats: int = typer.Option(3, min=1, help="Repeats; figures are medians."),
+) -> None:
+    """Rollout engine throughput, adapter hot-reload time and log-prob parity."""
+    from node.bench.engines import format_engine_bench, run_engine_bench
+
+    result = run_engine_bench(models=models, repeats=repeats)
+    _emit(result, as_json, format_engine_bench(result))
+
+
+@bench_app.command("all")
+def bench_all(
+    as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of tables."),
+    out: Path = typer.Option(Path("docs/benchmarks.md"), help="Markdown report to write."),
+    json_out: Path = typer.Option(Path("docs/benchmarks.json"), "--json-out", help="The result as JSON."),
+    quick: bool = typer.Option(False, help="Small sizes and repeats (a smoke run)."),
+) -> None:
+    """Every benchmark; writes one JSON and a markdown report with the machine and the goals."""
+    from node.bench.suite import format_suite, run_all
+
+    result = run_all(json_out, out, quick=quick)
+    _emit(result, as_json, format_suite(result))
+
+
 SWARM_ONLY = {
     "swarm", "swarm_id", "host", "port", "announce", "client_mode", "auto_relay", "startup_timeout",
     "gather_seconds", "expect_peers", "peer_share", "cross_tokenizer", "round_seconds",
@@ -64,6 +119,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _run_node(config, *, use_swarm: bool) -> None:
     from node.daemon import Node, install_stop_handlers
+    from node.models import ModelLoadError
     from node.progress import RoundPrinter
     from node.swarm.errors import SwarmStartError
 
@@ -76,7 +132,7 @@ def _run_node(config, *, use_swarm: bool) -> None:
     except SwarmStartError as err:
         node.close()
         _fail(str(err))
-    except (ValueError, FileNotFoundError) as err:  # bad model / task / checkpoint settings
+    except (ValueError, FileNotFoundError, ModelLoadError) as err:  # bad model / task / checkpoint settings
         node.close()
         _fail(str(err))
     results = node.run()
@@ -110,8 +166,8 @@ def train(config, resume: bool = typer.Option(False, "--resume", help="Continue 
 @app.command()
 def demo(
     nodes: int = typer.Option(3, help="How many nodes (2-4; 5 with --with-smollm)."),
-    rounds: int = typer.Option(8, min=1, help="Rounds each node plays before the demo ends."),
-    round_seconds: float = typer.Option(12.0, min=1, help="Length of a round."),
+    rounds: int = typer.Option(20, min=1, help="Rounds each node plays before the demo ends."),
+    round_seconds: float = typer.Option(6.0, min=1, help="Length of a round, in seconds."),
     loss: str = typer.Option("f-tis", help="Loss variant for every node (see `join --help`)."),
     with_smollm: bool = typer.Option(False, help="Add a node running the embedded SmolLM2-135M (slow on CPU)."),
     keep_running: bool = typer.Option(False, help="Run until Ctrl-C instead of stopping after --rounds."),

@@ -51,7 +51,8 @@ class NodeConfig(BaseSettings):
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: hf (CPU default) or vllm (GPU).")
     train_mode: Literal["lora", "full"] = Field("lora", description="Train a LoRA adapter or the full model.")
     lora_rank: int = Field(8, ge=1, description="LoRA rank.")
-    lr: float | None = Field(None, gt=0, description="Learning rate [default: 1e-6 full, 2e-4 LoRA... per trainer].")
+    lr: float | None = Field(None, gt=0, description="Learning rate [default: 1e-6 full, 2e-4 LoRA].")
+    threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
     # --- the round
     rounds: int | None = Field(None, ge=1, description="Stop after this many rounds [default: run until stopped].")
     round_seconds: float = Field(30.0, gt=0, description="Length of a time-bucketed round, in seconds.")

@@ -56,6 +56,7 @@ class NodeStatus:
         self.peers: dict[str, PeerStats] = {}
         self.rejected: Counter[str] = Counter()
         self.rejected_examples: dict[str, str] = {}
+        self.swarm_errors: Counter[str] = Counter()  # our own DHT trouble (timeouts, pipe errors)
 
     def set(self, **info: Any) -> None:
         with self._lock:
@@ -67,15 +68,19 @@ class NodeStatus:
             if round_ is not None:
                 self.round = round_
 
-    def reject(self, peer_id: str | None, reason: str, detail: str = "") -> None:
-        """Count one rejected thing by reason (and by peer when known)."""
+    def reject(self, peer_id: str | None, reason: str, detail: str = "", count: int = 1) -> None:
+        """Count rejected things by reason (and by peer when known); keep one example per reason."""
         with self._lock:
-            self.rejected[reason] += 1
+            self.rejected[reason] += count
             if detail and reason not in self.rejected_examples:
                 self.rejected_examples[reason] = detail[:300]
             if peer_id is not None:
                 peer = self._peer(peer_id)
-                peer.rejected[reason] = peer.rejected.get(reason, 0) + 1
+                peer.rejected[reason] = peer.rejected.get(reason, 0) + count
+
+    def swarm_error(self, kind: str, count: int = 1) -> None:
+        with self._lock:
+            self.swarm_errors[kind] += count
 
     def peer_update(self, peer_id: str, **fields: Any) -> None:
         """Add to a peer's counters (ints are added, other values replaced)."""
@@ -112,6 +117,7 @@ class NodeStatus:
                 "last_round": last,
                 "rejected": dict(self.rejected),
                 "rejected_examples": dict(self.rejected_examples),
+                "swarm_errors": dict(self.swarm_errors),
                 "peers": {pid: p.model_dump() for pid, p in self.peers.items()},
             }
 

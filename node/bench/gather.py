@@ -7,12 +7,11 @@ once all publishes returned, all nodes start gathering at the same moment, and a
 node's figure is the time from starting its gather until it holds all N-1 peers'
 packets. Medians are over nodes and rounds.
 
-    python -m node.bench.gather --peers 2 4 8 --json
+    ftis-node bench gather --peers 2 --peers 4 --peers 8 --json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import secrets
 import statistics
@@ -113,21 +112,10 @@ def run_gather_bench(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--packet-bytes", type=int, default=DEFAULT_PACKET_BYTES)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args(argv)
-    result = run_gather_bench(args.peers, args.rounds, args.packet_bytes)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for n, r in result["by_size"].items():
-            print(f"{n} nodes: gather median {r['gather_s_median']} s, p90 {r['gather_s_p90']} s, "
-                  f"incomplete {r['incomplete_gathers']}/{r['gathers']}")
-
-
-if __name__ == "__main__":
-    main()
+def format_gather_bench(result: dict) -> str:
+    """One line per swarm size."""
+    return "\n".join(
+        f"gather, {n} nodes: median {r.get('gather_s_median')} s, p90 {r.get('gather_s_p90')} s, "
+        f"incomplete {r.get('incomplete_gathers')}/{r.get('gathers')}"
+        for n, r in (result.get("by_size") or {}).items()
+    )

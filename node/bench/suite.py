@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import argparse
 import shlex
 import sys
 import time
@@ -38,7 +37,7 @@ __all__ = [
 ]
 
 BENCH_NAMES = ("protocol", "train", "gather", "engines")
-REGENERATE = "ftis-node bench all --out docs/benchmarks.md"
+REGENERATE = "ftis-node bench all --out docs/benchmarks.md --json-out docs/benchmarks.json"
 
 
 @dataclass(frozen=True)
@@ -441,6 +440,7 @@ def format_suite(result: dict[str, Any]) -> str:
         "protocol": ("node.bench.protocol", "format_protocol_bench"),
         "train": ("node.bench.train", "format_train_bench"),
         "engines": ("node.bench.engines", "format_engine_bench"),
+        "gather": ("node.bench.gather", "format_gather_bench"),
     }
     parts = []
     for name, r in result["benchmarks"].items():
@@ -449,32 +449,9 @@ def format_suite(result: dict[str, Any]) -> str:
         elif name in formatters:
             module, fn = formatters[name]
             parts.append(getattr(importlib.import_module(module), fn)(r))
-        elif name == "gather":
-            parts.append("\n".join(
-                f"gather, {n} nodes: median {s.get('gather_s_median')} s, p90 {s.get('gather_s_p90')} s, "
-                f"incomplete {s.get('incomplete_gathers')}/{s.get('gathers')}"
-                for n, s in (r.get("by_size") or {}).items()))
         else:
             parts.append(json.dumps(r, indent=2, default=_json_default))
     width = max(len(v["figure"]) for v in result["goals"]) if result["goals"] else 0
     verdicts = [f"  {v['bench']:<9}{v['figure']:<{width}}  {_goal_value(v):>14}  {_goal_target(v):<14} "
                 f"{_verdict(v['passed']).strip('*')}" for v in result["goals"]]
     return "\n\n".join([*parts, "Goals:\n" + "\n".join(verdicts)])
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m node.bench.suite`: the same run as `ftis-node bench all`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description="Run every benchmark; write one JSON and one markdown report.")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="the markdown report")
-    parser.add_argument("--json", type=Path, default=None, help="also write the full result as JSON here")
-    parser.add_argument("--quick", action="store_true", help="smallest sizes, single repeats (a smoke run)")
-    parser.add_argument("--only", nargs="+", choices=BENCH_NAMES, help="run only these benchmarks")
-    args = parser.parse_args(argv)
-    result = run_all(args.json, args.out, quick=args.quick, only=args.only,
-                     command=shlex.join(["python", "-m", "node.bench.suite", *argv]))
-    print(format_suite(result))
-
-
-if __name__ == "__main__":
-    main()

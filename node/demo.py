@@ -1,0 +1,237 @@
+"""`ftis-node demo`: a local swarm of heterogeneous nodes, as separate processes on loopback.
+
+Each node is a real `ftis-node join` process with its own DHT peer, model, trainer and
+status API. The first node starts the swarm; the others join it through its status
+URL. The demo only watches: it polls every node's /status and draws one live table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    name: str
+    model: str
+    train_mode: str = "lora"
+    lr: float | None = None
+
+
+# Different sizes, one full fine-tune and LoRA ones, then a node with another tokenizer
+# (the sequence-level path). All share the toy task, so all can learn from all.
+ROSTER = (
+    DemoNode("medium-full", "tiny-m", "full", lr=3e-4),
+    DemoNode("small-lora", "tiny-s", "lora"),
+    DemoNode("large-lora", "tiny-l", "lora"),
+    DemoNode("alt-tokenizer", "tiny-alt", "lora"),
+)
+SMOLLM = DemoNode("smollm2", "smollm2-135m-embedded", "lora", lr=2e-5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+class Demo:
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        rounds: int = 20,
+        round_seconds: float = 6.0,
+        with_smollm: bool = False,
+        loss: str = "f-tis",
+        workdir: Path | None = None,
+        keep_running: bool = False,
+        console: Console | None = None,
+    ) -> None:
+        if not 2 <= nodes <= len(ROSTER) + int(with_smollm):
+            raise ValueError(f"--nodes must be between 2 and {len(ROSTER) + int(with_smollm)}")
+        from node.config import LOSS_CHOICES
+
+        if loss not in LOSS_CHOICES:
+            raise ValueError(f"unknown loss {loss!r}; use one of: {', '.join(LOSS_CHOICES)}")
+        roster = list(ROSTER[: nodes - int(with_smollm)]) + ([SMOLLM] if with_smollm else [])
+        self.roster = roster
+        self.rounds = rounds
+        self.round_seconds = round_seconds
+        self.loss = loss
+        self.keep_running = keep_running
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftis-demo-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Wide enough for the table even when the output is a pipe or a CI log.
+        self.console = console or Console(width=None if sys.stdout.isatty() else 140)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.api: dict[str, str] = {}
+        self.last: dict[str, dict] = {}
+        self.history: dict[str, list[dict]] = {}
+
+    # ------------------------------------------------------------------ processes
+    def _command(self, node: DemoNode, api_port: int, bootstrap_url: str | None) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "node.cli", "join",
+            "--name", node.name, "--model", node.model, "--train-mode", node.train_mode,
+            "--data-dir", str(self.workdir / node.name), "--swarm-id", "demo",
+            "--host", "127.0.0.1", "--port", "0", "--api-host", "127.0.0.1", "--api-port", str(api_port),
+            "--round-seconds", str(self.round_seconds), "--gather-seconds", str(self.round_seconds / 2),
+            "--expect-peers", str(len(self.roster) - 1), "--loss", self.loss, "--threads", "1",
+        ]
+        if not self.keep_running:
+            cmd += ["--rounds", str(self.rounds)]
+        if node.lr is not None:
+            cmd += ["--lr", str(node.lr)]
+        if bootstrap_url:
+            cmd += ["--swarm", bootstrap_url]
+        return cmd
+
+    def start(self) -> None:
+        self.prepare_models()
+        env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        bootstrap_url = None
+        for node in self.roster:
+            port = free_port()
+            log = open(self.workdir / f"{node.name}.log", "w")
+            self.procs[node.name] = subprocess.Popen(
+                self._command(node, port, bootstrap_url), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # Ctrl-C reaches the demo only; it stops the nodes itself
+            )
+            self.api[node.name] = f"http://127.0.0.1:{port}"
+            bootstrap_url = bootstrap_url or self.api[node.name]
+        self.console.print(f"logs and checkpoints in {self.workdir}")
+        for name, url in self.api.items():
+            self.console.print(f"  {name:<14} dashboard {url}/")
+
+    def prepare_models(self) -> None:
+        """Build the models once, here, so the nodes do not race to build the same one."""
+        from node.models import model_folder, resolve_model
+
+        for node in self.roster:
+            with self.console.status(f"preparing {node.model}…"):
+                model_folder(resolve_model(node.model))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 60
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    # ------------------------------------------------------------------ watching
+    def poll(self) -> dict[str, dict]:
+        """The latest status of every node (the last one seen, once a node has exited)."""
+        for name, url in self.api.items():
+            try:
+                self.last[name] = httpx.get(url + "/status", timeout=2).json()
+                self.history[name] = httpx.get(url + "/history", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                pass
+            self.last.setdefault(name, {})["exit_code"] = self.procs[name].poll()
+        return self.last
+
+    def read_status_files(self) -> None:
+        """After the nodes stop, their own status.json files hold the final word."""
+        for name in self.api:
+            path = self.workdir / name / "status.json"
+            if path.is_file():
+                final = json.loads(path.read_text())
+                self.history[name] = final.pop("history", self.history.get(name, []))
+                self.last[name] = final | {"exit_code": self.procs[name].poll()}
+
+    def table(self) -> Table:
+        table = Table(title=f"ftis-node demo · {len(self.roster)} nodes · loss {self.loss}")
+        for col in ("node", "model", "phase", "rounds", "reward", "own", "peer used",
+                    "peers", "filtered", "IS w", "rejected"):
+            table.add_column(col, justify="left" if col in ("node", "model", "phase") else "right")
+        for node in self.roster:
+            s = self.last.get(node.name, {})
+            last = s.get("last_round") or {}
+            m = last.get("metrics", {})
+            phase = s.get("phase", "starting")
+            if s.get("exit_code") is not None:
+                phase = f"exited ({s['exit_code']})"
+            table.add_row(
+                node.name, f"{node.model} ({node.train_mode})", phase, _fmt(s.get("rounds_done")), _fmt(last.get("reward_mean")), _fmt(last.get("own_samples")),
+                _fmt(last.get("peer_samples")), _fmt(last.get("peers_answered")),
+                _fmt(m.get("frac_filtered")), _fmt(m.get("is_weight_mean")),
+                _fmt(sum((s.get("rejected") or {}).values())),
+            )
+        return table
+
+    def summary(self) -> dict[str, dict]:
+        """Per node: rounds, reward at the start and end, peer samples used, rejections."""
+        out = {}
+        for node in self.roster:
+            rounds = self.history.get(node.name, [])
+            rewards = [r["reward_mean"] for r in rounds]
+            k = max(1, min(3, len(rewards) // 2))
+            s = self.last.get(node.name, {})
+            out[node.name] = {
+                "model": node.model,
+                "train_mode": node.train_mode,
+                "rounds": len(rounds),
+                "reward_first": sum(rewards[:k]) / k if rewards else None,
+                "reward_last": sum(rewards[-k:]) / k if rewards else None,
+                "reward_best": max(rewards) if rewards else None,
+                "peer_samples_used": sum(r["peer_samples"] for r in rounds),
+                "peers_answered_mean": sum(r["peers_answered"] for r in rounds) / len(rounds) if rounds else 0,
+                "rejected": s.get("rejected", {}),
+                "exit_code": s.get("exit_code"),
+            }
+        return out
+
+    def summary_table(self, summary: dict[str, dict]) -> Table:
+        table = Table(title="summary (reward: mean of the first / last rounds)")
+        for col in ("node", "model", "rounds", "reward first", "reward last", "best", "peer samples used", "exit"):
+            table.add_column(col, justify="left" if col in ("node", "model") else "right")
+        for name, s in summary.items():
+            table.add_row(name, f"{s['model']} ({s['train_mode']})", str(s["rounds"]), _fmt(s["reward_first"]),
+                          _fmt(s["reward_last"]), _fmt(s["reward_best"]), str(s["peer_samples_used"]),
+                          _fmt(s["exit_code"]))
+        return table
+
+    def run(self) -> dict[str, dict]:
+        self.start()
+        try:
+            with Live(self.table(), console=self.console, refresh_per_second=2) as live:
+                while True:
+                    self.poll()
+                    live.update(self.table())
+                    if all(s.get("exit_code") is not None for s in self.last.values()):
+                        break
+                    time.sleep(1.0)
+        except KeyboardInterrupt:
+            self.console.print("stopping the nodes…")
+        finally:
+            self.stop()
+            self.read_status_files()
+        summary = self.summary()
+        (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.console.print(self.summary_table(summary))
+        return summary

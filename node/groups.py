@@ -1,0 +1,70 @@
+"""Scored groups: the unit that flows from rollout and admission into a training batch.
+
+A group is one prompt answered G times by ONE generator. Own samples and admitted peer
+samples both become `ScoredGroup`s; advantages are computed within a group only, so
+rewards are never pooled across models.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SELF = "self"
+
+
+@dataclass(slots=True)
+class ScoredSequence:
+    """One completion, ready for the loss."""
+
+    completion_ids: list[int]
+    logp_gen: np.ndarray  # float32 [len(completion_ids)]: the generator's sampling log-probs
+    reward: float  # re-scored by this node's own verifier
+    seq_weight: float = 1.0  # the cross-tokenizer (GRAFT) weight; 1 on the token-level path
+    text: str = ""
+    finish_reason: str = "stop"
+
+
+@dataclass(slots=True)
+class ScoredGroup:
+    source: str  # SELF or the sender's peer id
+    task_id: str
+    generator: str  # generator model id (the packet's, or our own)
+    prompt_ids: list[int]  # the prompt as THIS node tokenizes it
+    temperature: float
+    top_k: int
+    top_p: float
+    sequences: list[ScoredSequence] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.array([s.reward for s in self.sequences], dtype=np.float32)
+
+    @property
+    def informative(self) -> bool:
+        """False when every reward is equal: the group's advantages are all zero."""
+        r = self.rewards
+        return bool(r.size) and bool(r.max() > r.min())
+
+
+def mix_groups(
+    own: list[ScoredGroup], peers: list[ScoredGroup], peer_share: float, rng: random.Random
+) -> tuple[list[ScoredGroup], int]:
+    """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
+
+    With share p, peer sequences are capped at p / (1 - p) times the own ones, so p = 0.5
+    (SAPO's best mix) means at most as many peer samples as own. Returns the batch and
+    the number of peer groups left out by the cap.
+    """
+    if peer_share <= 0 or not peers:
+        return list(own), len(peers)
+    own_seqs = sum(len(g.sequences) for g in own)
+    budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
+    chosen, used = [], 0
+    for group in rng.sample(peers, len(peers)):
+        if used + len(group.sequences) <= budget:
+            chosen.append(group)
+            used += len(group.sequences)
+    return list(own) + chosen, len(peers) - len(chosen)

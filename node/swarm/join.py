@@ -1,0 +1,78 @@
+"""What `--swarm` accepts: a peer's multiaddr, or the URL of any running node's status API.
+
+    --swarm /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...     used as it is
+    --swarm http://1.2.3.4:8470                         asks that node for its peer id
+
+The URL form is what compose files and Kubernetes use (a peer id is unknown until a
+node first starts), and what a person can type from a dashboard's address bar. The
+node's announced addresses are rewritten to the host of the URL, because the address a
+node sees for itself (a container's, a pod's) is often not the one others reach.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from urllib.parse import urlparse
+
+import httpx
+
+from node.swarm.errors import SwarmStartError
+
+_EXAMPLE = "a multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... or a node's status URL like http://1.2.3.4:8470"
+
+
+def resolve_initial_peers(entries: list[str], timeout: float = 60.0) -> list[str]:
+    """Multiaddrs for `hivemind.DHT(initial_peers=...)`; SwarmStartError with one clear line otherwise."""
+    out: list[str] = []
+    for entry in entries:
+        entry = entry.strip()
+        if entry.startswith("/"):
+            out.append(entry)
+        elif entry.startswith(("http://", "https://")):
+            out.extend(addrs_from_status_url(entry, timeout))
+        else:
+            raise SwarmStartError(f"--swarm {entry!r} is not {_EXAMPLE}")
+    return list(dict.fromkeys(out))
+
+
+def addrs_from_status_url(url: str, timeout: float) -> list[str]:
+    """Ask a node's API for its join addresses, retrying until `timeout` (it may be starting)."""
+    parsed = urlparse(url)
+    if not parsed.hostname:
+        raise SwarmStartError(f"--swarm {url!r} has no host; use {_EXAMPLE}")
+    status_url = url.rstrip("/") + "/status"
+    deadline = time.monotonic() + timeout
+    delay, last_error = 0.5, ""
+    while True:
+        try:
+            reply = httpx.get(status_url, timeout=min(5.0, max(timeout, 0.1)))
+            reply.raise_for_status()
+            addrs = reply.json().get("join_addrs") or []
+            if addrs:
+                return _rewrite_host(addrs, parsed.hostname)
+            last_error = "the node has not joined its swarm yet"
+        except (httpx.HTTPError, ValueError) as err:
+            last_error = str(err) or type(err).__name__
+        if time.monotonic() + delay > deadline:
+            raise SwarmStartError(
+                f"could not get join addresses from {status_url} within {timeout:.0f}s ({last_error}); "
+                "check that the node runs and its API listens there (--api-host 0.0.0.0 on that node)"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def _rewrite_host(addrs: list[str], host: str) -> list[str]:
+    """Point each /ip4|ip6|dns/<x>/tcp/<port>/p2p/<id> address at `host`, keeping port and id."""
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError as err:
+        raise SwarmStartError(f"cannot resolve {host!r} from --swarm ({err.strerror})") from None
+    rewritten = []
+    for addr in addrs:
+        parts = addr.split("/")
+        # ['', 'ip4', '10.0.0.5', 'tcp', '31337', 'p2p', '12D3...']
+        if len(parts) >= 7 and parts[3] == "tcp" and parts[5] == "p2p":
+            rewritten.append(f"/ip4/{ip}/tcp/{parts[4]}/p2p/{parts[6]}")
+    return list(dict.fromkeys(rewritten)) or addrs
