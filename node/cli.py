@@ -141,11 +141,17 @@ def _run_node(config, *, use_swarm: bool) -> None:
 
 @app.command()
 @with_config_options()
-def join(config) -> None:
+def join(
+    config,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved settings as JSON and exit."),
+) -> None:
     """Join a swarm (or start a new one) and train with F-TIS on own and peers' samples.
 
     With no --swarm it starts a new swarm and prints the line others run to join it.
     """
+    if dry_run:
+        typer.echo(config.model_dump_json(indent=2))
+        return
     _run_node(config, use_swarm=True)
 
 

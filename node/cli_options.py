@@ -56,7 +56,12 @@ def with_config_options(
     `--config FILE`, and calls `fn` with the merged `NodeConfig`."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "config"]
+        hints = typing.get_type_hints(fn)  # real types: annotations may be strings here
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(fn).parameters.values()
+            if p.name != "config"
+        ]
         fields = {n: f for n, f in NodeConfig.model_fields.items() if n not in exclude}
         params = list(own)
         params.append(
