@@ -34,11 +34,12 @@ class DemoNode:
 
 # Different sizes, one full fine-tune and LoRA ones, then a node with another tokenizer
 # (the sequence-level path). All share the toy task, so all can learn from all.
+# Learning rates that move these tiny models within a demo's few rounds.
 ROSTER = (
-    DemoNode("medium-full", "tiny-m", "full", lr=3e-4),
-    DemoNode("small-lora", "tiny-s", "lora"),
-    DemoNode("large-lora", "tiny-l", "lora"),
-    DemoNode("alt-tokenizer", "tiny-alt", "lora"),
+    DemoNode("medium-full", "tiny-m", "full", lr=1e-4),
+    DemoNode("small-lora", "tiny-s", "lora", lr=1e-3),
+    DemoNode("large-lora", "tiny-l", "lora", lr=1e-3),
+    DemoNode("alt-tokenizer", "tiny-alt", "lora", lr=1e-3),
 )
 SMOLLM = DemoNode("smollm2", "smollm2-135m-embedded", "lora", lr=2e-5)
 
@@ -129,8 +130,10 @@ class Demo:
         from node.models import model_folder, resolve_model
 
         for node in self.roster:
-            with self.console.status(f"preparing {node.model}…"):
+            start = time.monotonic()
+            with self.console.status(f"preparing {node.model} (built once, then cached)…"):
                 model_folder(resolve_model(node.model))
+            self.console.print(f"model {node.model} ready ({time.monotonic() - start:.1f}s)")
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -1,6 +1,6 @@
 """What `--swarm` accepts: a peer's multiaddr, or the URL of any running node's status API.
 
-    --swarm /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...     used as it is
+    --swarm /ip4/1.2.3.4/tcp/31337/p2p/QmXy76...     used as it is
     --swarm http://1.2.3.4:8470                         asks that node for its peer id
 
 The URL form is what compose files and Kubernetes use (a peer id is unknown until a
@@ -19,7 +19,7 @@ import httpx
 
 from node.swarm.errors import SwarmStartError
 
-_EXAMPLE = "a multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... or a node's status URL like http://1.2.3.4:8470"
+_EXAMPLE = "a multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/QmXy76... or a node's status URL like http://1.2.3.4:8470"
 
 
 def resolve_initial_peers(entries: list[str], timeout: float = 60.0) -> list[str]:
