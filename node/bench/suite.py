@@ -287,7 +287,7 @@ def _protocol_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("encode + zstd", mt("encode_tokens_per_s_zstd")),
         ("decode + zstd", mt("decode_tokens_per_s_zstd")),
         ("peek_header", f"{_fmt(_get(r, 'peek_header_us'), '.1f')} µs"),
-        ("max abs log-prob error (float16)", _fmt(_get(r, "max_abs_logprob_error"), ".2e")),
+        ("max abs log-prob error (fixed point over [-64, 0])", _fmt(_get(r, "max_abs_logprob_error"), ".2e")),
     ]
 
 
