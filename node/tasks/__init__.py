@@ -1,0 +1,106 @@
+"""Tasks: problems named by self-describing ids, and their local verifiers.
+
+Specs (what a user passes to ``--task``):
+
+    toy                          toy arithmetic, in-distribution split
+    toy:ood | toy:add | toy:sub  the other toy splits
+    gym:<dataset>[?seed=S&k=v]   a reasoning-gym dataset, e.g. gym:chain_sum?seed=3
+    gsm8k:<path.jsonl>           GSM8K from a local file
+    math500:<path.jsonl>         MATH-500 from a local file
+
+``get_task(spec)`` builds the task; ``task_for_id(task_id)`` rebuilds the task that
+issued an id received from a peer (toy and gym ids are self-contained; file-backed
+ids need the local task passed in ``known``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from node.tasks.answer import (
+    answers_match,
+    extract_boxed,
+    extract_hash_answer,
+    extract_tagged,
+    format_instruction,
+    parse_number,
+    tagged_reward,
+)
+from node.tasks.base import Problem, Rng, Task, TaskError
+from node.tasks.gym import NUMERIC_GYM_DATASETS, GymTask, gym_dataset_names, parse_query
+from node.tasks.jsonl import JsonlTask
+from node.tasks.toy import TOY_SPLITS, ToyTask, toy_completion
+
+TASK_KINDS: tuple[str, ...] = ("toy", "gym", "gsm8k", "math500")
+_SPEC_HELP = "toy[:id|ood|add|sub], gym:<dataset>[?seed=N&key=value], gsm8k:<file.jsonl>, math500:<file.jsonl>"
+
+
+def get_task(spec: str) -> Task:
+    """Build the task a spec names; TaskError with the valid forms when it is malformed."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise TaskError(f"empty task spec; valid forms: {_SPEC_HELP}")
+    kind, _, rest = spec.strip().partition(":")
+    if kind == "toy":
+        split, _, query = rest.partition("?")
+        if query:
+            raise TaskError(f"task spec {spec!r}: toy takes no options")
+        return ToyTask(split or "id")
+    if kind == "gym":
+        dataset, _, query = rest.partition("?")
+        if not dataset:
+            raise TaskError(f"task spec {spec!r} names no dataset; e.g. gym:chain_sum. "
+                            f"Numeric datasets: {', '.join(NUMERIC_GYM_DATASETS)}")
+        params = parse_query(query, f"task spec {spec!r}")
+        seed = params.pop("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TaskError(f"task spec {spec!r}: seed must be an integer")
+        return GymTask(dataset, seed=seed, **params)
+    if kind in ("gsm8k", "math500"):
+        if not rest:
+            raise TaskError(f"task spec {spec!r} names no file; e.g. {kind}:/data/{kind}.jsonl")
+        return JsonlTask(kind, rest)  # type: ignore[arg-type]
+    raise TaskError(f"unknown task kind {kind!r} in spec {spec!r}; valid forms: {_SPEC_HELP}")
+
+
+def task_for_id(task_id: str, known: Iterable[Task] = ()) -> Task:
+    """The task able to regenerate ``task_id``: one of ``known`` that owns it, else one
+    rebuilt from the id itself (toy and gym); TaskError when neither works."""
+    for task in known:
+        if task.owns(task_id):
+            return task
+    kind = task_id.split("/", 1)[0] if isinstance(task_id, str) else ""
+    if kind == "toy":
+        parts = task_id.split("/")
+        if len(parts) != 3:
+            raise TaskError(f"task id {task_id!r} is not of the form toy/<split>/<n>")
+        return ToyTask(parts[1])
+    if kind == "gym":
+        return GymTask.from_id(task_id)
+    if kind in ("gsm8k", "math500"):
+        raise TaskError(f"task id {task_id!r} needs the local {kind} file: build the task with get_task(\"{kind}:<file.jsonl>\") and pass it in known")
+    raise TaskError(f"task id {task_id!r} has an unknown kind; valid kinds: {', '.join(TASK_KINDS)}")
+
+
+__all__ = [
+    "NUMERIC_GYM_DATASETS",
+    "TASK_KINDS",
+    "TOY_SPLITS",
+    "GymTask",
+    "JsonlTask",
+    "Problem",
+    "Rng",
+    "Task",
+    "TaskError",
+    "ToyTask",
+    "answers_match",
+    "extract_boxed",
+    "extract_hash_answer",
+    "extract_tagged",
+    "format_instruction",
+    "get_task",
+    "gym_dataset_names",
+    "parse_number",
+    "tagged_reward",
+    "task_for_id",
+    "toy_completion",
+]
