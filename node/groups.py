@@ -42,12 +42,6 @@ class ScoredGroup:
     def rewards(self) -> np.ndarray:
         return np.array([s.reward for s in self.sequences], dtype=np.float32)
 
-    @property
-    def informative(self) -> bool:
-        """False when every reward is equal: the group's advantages are all zero."""
-        r = self.rewards
-        return bool(r.size) and bool(r.max() > r.min())
-
 
 def mix_groups(
     own: list[ScoredGroup], peers: list[ScoredGroup], peer_share: float, rng: random.Random
@@ -55,16 +49,25 @@ def mix_groups(
     """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
 
     With share p, peer sequences are capped at p / (1 - p) times the own ones, so p = 0.5
-    (SAPO's best mix) means at most as many peer samples as own. Returns the batch and
-    the number of peer groups left out by the cap.
+    (SAPO's best mix) means at most as many peer samples as own. Peers take turns (in a
+    random order, each peer's groups shuffled), so a peer with many groups cannot crowd
+    the others out. Returns the batch and the number of peer groups left out by the cap.
     """
     if peer_share <= 0 or not peers:
         return list(own), len(peers)
     own_seqs = sum(len(g.sequences) for g in own)
     budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
+    by_source: dict[str, list[ScoredGroup]] = {}
+    for group in peers:
+        by_source.setdefault(group.source, []).append(group)
+    queues = [rng.sample(groups, len(groups)) for _, groups in sorted(by_source.items())]
+    rng.shuffle(queues)
     chosen, used = [], 0
-    for group in rng.sample(peers, len(peers)):
-        if used + len(group.sequences) <= budget:
-            chosen.append(group)
-            used += len(group.sequences)
+    while any(queues):
+        for queue in queues:
+            if queue:
+                group = queue.pop()
+                if used + len(group.sequences) <= budget:
+                    chosen.append(group)
+                    used += len(group.sequences)
     return list(own) + chosen, len(peers) - len(chosen)
