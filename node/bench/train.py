@@ -196,7 +196,6 @@ def _grpo_step(trainer: Any, batch: Any) -> float:
     weight, the filter) and minus the off-policy metrics.
     """
     from node.train.ftis import grpo_loss, group_mean_scale
-    from node.train.logprobs import sequence_logprobs
 
     seqs = batch.sequences
     scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
@@ -206,16 +205,7 @@ def _grpo_step(trainer: Any, batch: Any) -> float:
     total = 0.0
     for idx in plan:
         sub = [seqs[i] for i in idx]
-        temperature, top_k, top_p = sub[0].sampling_key
-        logp, mask = sequence_logprobs(
-            trainer.model,
-            [s.prompt_ids for s in sub],
-            [s.completion_ids for s in sub],
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            pad_id=trainer.pad_id,
-        )
+        logp, mask = trainer.micro_batch_logprobs(sub)
         loss, _ = grpo_loss(
             logp,
             torch.tensor([s.advantage for s in sub]),

@@ -174,6 +174,20 @@ class Trainer:
         self._version: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ batching
+    def micro_batch_logprobs(self, sub: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probs (with grad) and mask for one micro-batch of `plan_micro_batches`,
+        scored under its sequences' shared sampling transform."""
+        temperature, top_k, top_p = sub[0].sampling_key
+        return sequence_logprobs(
+            self.model,
+            [s.prompt_ids for s in sub],
+            [s.completion_ids for s in sub],
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            pad_id=self.pad_id,
+        )
+
     def plan_micro_batches(self, sequences: list[TrainSequence]) -> list[list[int]]:
         """Indices of each micro-batch: same sampling transform, padded size within budget.
 
@@ -229,16 +243,7 @@ class Trainer:
         logp_rows: list[torch.Tensor | None] = [None] * len(seqs)
         for idx in plan:
             sub = [seqs[i] for i in idx]
-            temperature, top_k, top_p = sub[0].sampling_key
-            logp, mask = sequence_logprobs(
-                self.model,
-                [s.prompt_ids for s in sub],
-                [s.completion_ids for s in sub],
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                pad_id=self.pad_id,
-            )
+            logp, mask = self.micro_batch_logprobs(sub)
             logp_gen = self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device)
             loss, _ = ftis_loss(
                 logp,
