@@ -229,7 +229,6 @@ class _TrlStep:
 
     def __init__(self, model_dir: str | Path, batch: BenchBatch, cfg: Any, workdir: str, seed: int) -> None:
         from datasets import Dataset
-        from peft import LoraConfig
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOConfig, GRPOTrainer
 
@@ -300,13 +299,7 @@ class _TrlStep:
             seed=seed,
         )
         rows = [batch.prompts[g] for g in batch.group_ids]
-        lora = LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.target_modules),
-            task_type="CAUSAL_LM",
-        )
+        lora = cfg.lora_config()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*")  # "experimental feature"
             self.trainer = TimedGRPOTrainer(

@@ -62,6 +62,18 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"AdamW betas must be in [0, 1), got {v}")
         return v
 
+    def lora_config(self):
+        """The peft LoraConfig these settings describe (also used to configure TRL alike)."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=list(self.target_modules),
+            task_type="CAUSAL_LM",
+        )
+
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else _DEFAULT_LR[self.mode]
@@ -143,16 +155,9 @@ class Trainer:
             torch.manual_seed(cfg.seed)
             base, self.tokenizer = load_model(model_path, dtype=cfg.dtype, device="cpu")
             if cfg.mode == "lora":
-                from peft import LoraConfig, get_peft_model
+                from peft import get_peft_model
 
-                lora = LoraConfig(
-                    r=cfg.lora_rank,
-                    lora_alpha=cfg.lora_alpha,
-                    lora_dropout=cfg.lora_dropout,
-                    target_modules=list(cfg.target_modules),
-                    task_type="CAUSAL_LM",
-                )
-                self.model = get_peft_model(base, lora)
+                self.model = get_peft_model(base, cfg.lora_config())
             else:
                 self.model = base
         self.model.to(cfg.device).train()
