@@ -206,5 +206,41 @@ def demo(
         _fail(f"a node failed; see the logs in {runner.workdir}", code=1)
 
 
+@app.command()
+def experiment(
+    out: Path = typer.Argument(..., help="Folder for results.json, results.md and curves.png."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Experiment YAML, e.g. configs/paper-gpu.yaml."),
+    pair: list[str] = typer.Option([], "--pair", help="Pairs: size, expertise, full-lora (repeatable)."),
+    variant: list[str] = typer.Option([], "--variant", help="Loss variants, incl. alone (repeatable)."),
+    seed: list[int] = typer.Option([], "--seed", help="Seeds (repeatable)."),
+    rounds: Optional[int] = typer.Option(None, min=1, help="Rounds per run."),
+    eval_every: Optional[int] = typer.Option(None, min=1, help="Evaluate greedy pass@1 every k rounds."),
+    eval_problems: Optional[int] = typer.Option(None, min=1, help="Problems per evaluation split."),
+    prompts_per_round: Optional[int] = typer.Option(None, min=1, help="Own prompts per round."),
+    group_size: Optional[int] = typer.Option(None, min=2, help="Completions per prompt (G)."),
+    max_tokens: Optional[int] = typer.Option(None, min=1, help="Maximum completion tokens."),
+    lr_lora: Optional[float] = typer.Option(None, help="Learning rate of LoRA nodes."),
+    lr_full: Optional[float] = typer.Option(None, help="Learning rate of full fine-tuning nodes."),
+    kl_threshold: Optional[float] = typer.Option(None, help="The filter's threshold g."),
+    kl_reduction: Optional[str] = typer.Option(None, help="sum or mean."),
+    dht_check: Optional[bool] = typer.Option(None, "--dht-check/--no-dht-check",
+                                             help="Also run one setting through real DHTs and compare."),
+    plot: bool = typer.Option(True, help="Draw curves.png."),
+) -> None:
+    """The paper's comparison of loss variants on pairs of heterogeneous models (CPU-sized)."""
+    from node.experiment import run_experiment
+
+    try:
+        run_experiment(
+            out, config=config, pairs=pair or None, variants=variant or None, seeds=seed or None,
+            rounds=rounds, eval_every=eval_every, eval_problems=eval_problems,
+            prompts_per_round=prompts_per_round, group_size=group_size, max_tokens=max_tokens,
+            lr_lora=lr_lora, lr_full=lr_full, kl_threshold=kl_threshold, kl_reduction=kl_reduction,
+            dht_check=dht_check, plot=plot, command=" ".join(["ftis-node", *sys.argv[1:]]),
+        )
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+
+
 if __name__ == "__main__":
     app()
