@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from node.experiment import BUILTIN_PAIRS, ExperimentConfig, load_experiment_config, run_experiment
+from node.experiment import BUILTIN_PAIRS, ExperimentConfig, load_experiment_config, resolve_config, run_experiment
 from node.experiment.evaluate import eval_set
 from node.experiment.exchange import ExchangeHub
 from node.tasks import TaskError
@@ -84,6 +84,11 @@ def test_paper_gpu_config_loads_and_fails_fast_without_its_data(tmp_path):
     assert (cfg.group_size, cfg.lr_full, cfg.is_cap, cfg.kl_threshold, cfg.rounds) == (12, 1e-6, 2.0, 50, 50)
     assert cfg.task.startswith("gsm8k:") and any(s.startswith("math500:") for s in cfg.eval_tasks.values())
     assert cfg.variants == ["alone", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
+    # Overrides win over the file; a pair name picks the file's own pair before a built-in one.
+    picked = resolve_config(REPO / "configs" / "paper-gpu.yaml", pairs=["size"], seeds=(0, 1), rounds=None)
+    assert picked.pairs[0].labels == ("qwen2.5-1.5b", "qwen2.5-3b") and picked.seeds == [0, 1]
+    assert picked.rounds == 50 and picked.lr_full == 1e-6
+    assert resolve_config(None, pairs="full-lora").pairs == [BUILTIN_PAIRS["full-lora"]]
     # Run from a folder without the data: a clear error before any model is loaded.
     with pytest.raises(TaskError, match="gsm8k file not found"):
         run_experiment(tmp_path / "out", config=REPO / "configs" / "paper-gpu.yaml", plot=False)

@@ -15,6 +15,7 @@ from node.experiment.runner import (
     NodeSpec,
     PairSpec,
     load_experiment_config,
+    resolve_config,
     run_experiment,
     run_pair,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "NodeSpec",
     "PairSpec",
     "load_experiment_config",
+    "resolve_config",
     "run_experiment",
     "run_pair",
 ]

@@ -125,7 +125,8 @@ def render_markdown(results: dict[str, Any], rows: list[dict[str, Any]] | None =
                   f"Pair `{dht['dht']['pair']}`, variant `{dht['dht']['variant']}`, seed {dht['dht']['seed']}, "
                   f"{dht['dht']['rounds']} rounds through two hivemind DHTs on 127.0.0.1 and through the "
                   f"in-process exchange: **{verdict}** (tolerance {dht['tolerance']}).", "",
-                  "| node | max abs diff reward | max abs diff loss | max abs diff accuracy | peer samples/round (min) |",
+                  "| node | max abs diff reward | max abs diff loss | max abs diff accuracy "
+                  "| peer samples/round (min) |",
                   "|---|---|---|---|---|"]
         for n in dht["nodes"]:
             lines.append(f"| {n['label']} | {n['reward_max_abs_diff']:.3g} | {n['loss_max_abs_diff']:.3g} | "

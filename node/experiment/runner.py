@@ -44,6 +44,7 @@ __all__ = [
     "NodeSpec",
     "PairSpec",
     "load_experiment_config",
+    "resolve_config",
     "run_experiment",
     "run_pair",
 ]
@@ -146,7 +147,8 @@ class ExperimentConfig(BaseModel):
     # CPU budget: 60 rounds at 2e-4 (and at 1e-3) gave the same rewards as 1e-8. These rates
     # make the policies move, so the variants can differ (sweep in docs/reproduction.md).
     lr_lora: float | None = Field(2e-3, gt=0, description="Learning rate of LoRA nodes (None: the trainer's 2e-4).")
-    lr_full: float | None = Field(1e-4, gt=0, description="Learning rate of full fine-tuning nodes (None: the trainer's 1e-6).")
+    lr_full: float | None = Field(1e-4, gt=0,
+                                  description="Learning rate of full fine-tuning nodes (None: the trainer's 1e-6).")
     lora_rank: int = Field(8, ge=1)
     is_cap: float = Field(2.0, ge=1, description="C, the cap of the truncated IS weight.")
     kl_threshold: float | None = Field(None, gt=0, description="g [default: 50 for sum, 0.5 for mean].")
@@ -253,6 +255,25 @@ def load_experiment_config(path: str | Path, **overrides: Any) -> ExperimentConf
         raise ValueError(f"{path} must hold a mapping of settings, not a {type(data).__name__}")
     data = data.get("experiment", data)  # the settings may sit under one `experiment:` key
     return ExperimentConfig(**(data | {k: v for k, v in overrides.items() if v is not None}))
+
+
+def resolve_config(config: ExperimentConfig | str | Path | None = None, **overrides: Any) -> ExperimentConfig:
+    """The settings of a run: `config` (a config, a YAML path, or None for the defaults)
+    with the `overrides` that are not None on top. A pair named in `overrides["pairs"]`
+    is the config's own pair of that name if it has one, else the built-in one."""
+    overrides = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items() if v is not None}
+    if config is None:
+        base = ExperimentConfig()
+    elif isinstance(config, ExperimentConfig):
+        base = config
+    else:
+        base = load_experiment_config(config)
+    if "pairs" in overrides:
+        pairs = overrides["pairs"]
+        own = {p.name: p for p in base.pairs}
+        pairs = [pairs] if isinstance(pairs, str) else pairs
+        overrides["pairs"] = [own.get(p, p) if isinstance(p, str) else p for p in pairs]
+    return ExperimentConfig(**(base.model_dump() | overrides))
 
 
 # ---------------------------------------------------------------------------- one run
@@ -375,9 +396,14 @@ def run_pair(
     own_tmp = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="ftis-exp-")) if own_tmp else Path(work_dir)
     started = time.perf_counter()
-    nodes = _Transport(transport).start(
-        lambda i, swarm: _node_config(cfg, pair, i, variant, seed, rounds, work / f"node{i}", transport, swarm)
-    )
+    try:
+        nodes = _Transport(transport).start(
+            lambda i, swarm: _node_config(cfg, pair, i, variant, seed, rounds, work / f"node{i}", transport, swarm)
+        )
+    except BaseException:
+        if own_tmp:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     # The weights a node started from: a tiny model's folder name carries its build key.
     builds = [Path(str(n.model_path)).name for n in nodes]
     curves = [{"rounds": [], "evals": {e.name: [] for e in evals}} for _ in nodes]
@@ -518,13 +544,7 @@ def run_experiment(
                      eval_problems=eval_problems, prompts_per_round=prompts_per_round, group_size=group_size,
                      max_tokens=max_tokens, lr_lora=lr_lora, lr_full=lr_full, kl_threshold=kl_threshold,
                      kl_reduction=kl_reduction, dht_check=dht_check, dht_rounds=dht_rounds)
-    overrides = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items() if v is not None}
-    if config is None:
-        cfg = ExperimentConfig(**overrides)
-    elif isinstance(config, ExperimentConfig):
-        cfg = ExperimentConfig(**(config.model_dump() | overrides))
-    else:
-        cfg = load_experiment_config(config, **overrides)
+    cfg = resolve_config(config, **overrides)
 
     from node.rollout import ENGINES
     from node.tasks import get_task
@@ -590,4 +610,5 @@ def _run_line(run: dict[str, Any]) -> str:
     for n in run["nodes"]:
         accs = " ".join(f"{k} {v[-1][1]:.2f}" for k, v in n["evals"].items())
         parts.append(f"{n['label']}: {accs}")
-    return f"{run['pair']} {run['variant']:>6} seed {run['seed']}  " + "  |  ".join(parts) + f"  ({run['seconds']:.0f}s)"
+    head = f"{run['pair']} {run['variant']:>6} seed {run['seed']}  "
+    return head + "  |  ".join(parts) + f"  ({run['seconds']:.0f}s)"
