@@ -53,6 +53,10 @@ class NodeConfig(BaseSettings):
     lora_rank: int = Field(8, ge=1, description="LoRA rank.")
     lr: float | None = Field(None, gt=0, description="Learning rate [default: 1e-6 full, 2e-4 LoRA].")
     threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
+    device: str = Field("cpu", description="Where the trainer and the hf engine run: cpu, cuda, cuda:1, ...")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights' dtype in the trainer and the hf engine (bfloat16 on GPUs)."
+    )
     # --- the round
     rounds: int | None = Field(None, ge=1, description="Stop after this many rounds [default: run until stopped].")
     round_seconds: float = Field(30.0, gt=0, description="Length of a time-bucketed round, in seconds.")

@@ -105,9 +105,12 @@ class Node:
         )
         self.trainer = Trainer(
             self.model_path,
-            TrainerConfig(mode=cfg.train_mode, lora_rank=cfg.lora_rank, lr=cfg.lr, loss=loss, seed=cfg.seed),
+            TrainerConfig(
+                mode=cfg.train_mode, lora_rank=cfg.lora_rank, lr=cfg.lr, loss=loss, seed=cfg.seed,
+                device=cfg.device, dtype=cfg.dtype,
+            ),
         )
-        self.engine = make_engine(cfg.engine, self.model_path)
+        self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype)
         self.tokenizer = self.engine.tokenizer
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.sampling = Sampling(
@@ -434,7 +437,7 @@ class Node:
                 self.trainer.model, [prompt_ids], [completion_ids], temperature=temperature,
                 top_k=top_k, top_p=top_p, pad_id=self.trainer.pad_id,
             )
-        return logp[0, : len(completion_ids)].float().numpy()
+        return logp[0, : len(completion_ids)].float().cpu().numpy()
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

@@ -155,6 +155,8 @@ class ExperimentConfig(BaseModel):
     kl_reduction: Literal["sum", "mean"] = "sum"
     peer_share: float = Field(0.5, ge=0, le=1)
     engine: Literal["hf", "vllm"] = "hf"
+    device: str = Field("cpu", description="Where each node's trainer and engine run (cuda on GPUs).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     swarm_id: str = Field("experiment", pattern=r"^[A-Za-z0-9][\w\-]*$")
     dht_check: bool = Field(False, description="Also run one short setting through real DHTs and compare.")
     dht_rounds: int = Field(3, ge=1, description="Rounds of the DHT check.")
@@ -288,6 +290,8 @@ def _node_config(cfg: ExperimentConfig, pair: PairSpec, index: int, variant: str
         model=spec.model,
         task=cfg.task,
         engine=cfg.engine,
+        device=cfg.device,
+        dtype=cfg.dtype,
         train_mode=spec.train_mode,
         lora_rank=cfg.lora_rank,
         lr=cfg.lr_for(spec.train_mode),
