@@ -29,7 +29,7 @@ from node.models.tokenizer import ALT, PROJECT, TokenizerRecipe, save_tokenizer,
 from node.models.warmstart import Skill, WarmStartRecipe
 
 #: Bump when the build changes in a way the recipes below do not capture.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 class TinyModelConfig(BaseModel):

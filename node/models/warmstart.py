@@ -2,9 +2,12 @@
 
 A freshly initialised model never writes ``<answer>N</answer>``, so its reward is 0 and
 GRPO has no signal. A short teacher-forced run (prompt ``12+7=`` -> completion
-``<answer>19</answer><|endoftext|>``, loss on the completion tokens only) teaches the
-format and some arithmetic, leaving the sampled reward well above 0 and well below 1:
-the room RL is meant to fill. The number of steps is fixed per model, so the result is
+``<answer>19</answer><|endoftext|>``, loss on the completion tokens only) teaches some
+arithmetic and most of the format: 40 % of the examples stop before ``</answer>``, so
+the model closes its answer only part of the time. That leaves the sampled reward well
+above 0 and well below 1, with room RL can fill quickly (closing the tag, then
+sharpening toward its greedy answers); the arithmetic itself is too hard to learn from
+a binary reward in a few hundred steps at this size. The number of steps is fixed per model, so the result is
 a pure function of (model config, recipe); bigger models end a bit better.
 
 ``skill`` restricts the warm-start to one half of the toy task ("add" or "sub"), which
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.tasks.answer import ANSWER_CLOSE
 from node.tasks.base import Problem, Task
 from node.tasks.toy import ToyTask, toy_completion
 
@@ -45,6 +49,11 @@ class WarmStartRecipe(BaseModel):
     warmup_steps: int = Field(50, ge=0)
     weight_decay: float = 0.0
     seed: int = 0
+    # Share of examples that close the tag; the rest end unclosed ("<answer>19"), which
+    # earns 0. The format is left partly unlearnt, as in a base model, so RL has something
+    # it can learn in ~100 rounds: the arithmetic itself barely moves at this scale
+    # (measured: with every example closed, no lr from 1e-8 to 1e-2 beat the lr-0 control).
+    closed_fraction: float = Field(0.6, gt=0, le=1)
 
 
 class WarmStartReport(BaseModel):
@@ -58,19 +67,21 @@ class WarmStartReport(BaseModel):
     cpu_seconds: float  # process CPU time: comparable across runs on a busy machine
 
 
-def encode_example(tokenizer: Any, problem: Problem) -> tuple[list[int], list[int]]:
+def encode_example(tokenizer: Any, problem: Problem, closed: bool = True) -> tuple[list[int], list[int]]:
     """(input ids, labels) for one problem: labels are -100 on the prompt, so the loss is
-    on the completion (answer and end-of-text) only."""
+    on the completion (answer and end-of-text) only. ``closed=False``: no ``</answer>``."""
     prompt = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]
-    completion = tokenizer(toy_completion(problem.answer), add_special_tokens=False)["input_ids"]
+    text = toy_completion(problem.answer)
+    text = text if closed else text.removesuffix(ANSWER_CLOSE)
+    completion = tokenizer(text, add_special_tokens=False)["input_ids"]
     completion = completion + [tokenizer.eos_token_id]
     return prompt + completion, [-100] * len(prompt) + completion
 
 
-def _batch(tokenizer: Any, problems: list[Problem]) -> dict[str, torch.Tensor]:
+def _batch(tokenizer: Any, problems: list[Problem], closed: list[bool]) -> dict[str, torch.Tensor]:
     import torch
 
-    pairs = [encode_example(tokenizer, p) for p in problems]
+    pairs = [encode_example(tokenizer, p, t) for p, t in zip(problems, closed)]
     width = max(len(ids) for ids, _ in pairs)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((len(pairs), width), pad, dtype=torch.long)
@@ -109,7 +120,9 @@ def warm_start(model: Any, tokenizer: Any, recipe: WarmStartRecipe, skill: Skill
     torch.set_num_threads(1)
     try:
         for _ in range(recipe.steps):
-            batch = _batch(tokenizer, task.sample_problems(rng, recipe.batch_size))
+            problems = task.sample_problems(rng, recipe.batch_size)
+            closed = [rng.random() < recipe.closed_fraction for _ in problems]
+            batch = _batch(tokenizer, problems, closed)
             loss = model(**batch).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
