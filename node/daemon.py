@@ -70,7 +70,6 @@ class Node:
         self.on_ready = on_ready  # callback(Node) once the swarm and API are up
         self.status = NodeStatus(name=cfg.name, model=cfg.model, task=cfg.task, loss=cfg.loss)
         self._stop = threading.Event()
-        self._rng = random.Random(cfg.seed)
         self.swarm = exchange
         self.api = None
         self.engine = None
@@ -146,7 +145,6 @@ class Node:
         self.trainer.resume(ckpt)
         self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
         self.round_done = ckpt.round
-        self._rng = random.Random(f"{self.cfg.seed}/{ckpt.round}")
         logger.info("resumed from %s (round %d)", ckpt.path, ckpt.round)
 
     def _start_swarm(self) -> None:
@@ -250,7 +248,7 @@ class Node:
         if self.cfg.loss == "alone":
             used, left_out = list(own), len(peers)
         else:
-            used, left_out = mix_groups(own, peers, self.cfg.peer_share, self._rng)
+            used, left_out = mix_groups(own, peers, self.cfg.peer_share, self._round_rng("mix", r))
         self.status.set_phase("training", r)
         metrics = self.train(used)
         self._account_peer_use(used, metrics)
@@ -291,9 +289,15 @@ class Node:
         os.replace(tmp, path)
 
     # ------------------------------------------------------------------ phases
+    def _round_rng(self, purpose: str, r: int) -> random.Random:
+        """A generator that depends only on (seed, purpose, round): a resumed node draws what
+        it would have drawn, and a node that mixes in peers' samples draws the same prompts
+        as one that trains alone (str seeds hash with SHA-512, stable across processes)."""
+        return random.Random(f"{self.cfg.seed}/{purpose}/{r}")
+
     def rollout(self, r: int) -> list[ScoredGroup]:
         """Answer this round's own prompts G times each and re-score with our verifier."""
-        problems = self.task.sample_problems(self._rng, self.cfg.prompts_per_round)
+        problems = self.task.sample_problems(self._round_rng("prompts", r), self.cfg.prompts_per_round)
         sampling = self.sampling.model_copy(update={"seed": (self.cfg.seed * 1_000_003 + r) % 2**31})
         prompt_ids = [self.admission.prompt_ids(p.prompt) for p in problems]
         samples = self.engine.generate(prompt_ids, n=self.cfg.group_size, sampling=sampling)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from node.cli import app
 from node.config import NodeConfig
 from node.daemon import Node
+from node.experiment.evaluate import eval_set, sampled_reward_mean
 
 
 def solo_config(tmp_path, **kw) -> NodeConfig:
@@ -39,6 +40,37 @@ def test_solo_loop_trains_and_the_engine_follows_the_trainer(tmp_path):
     status = json.loads((tmp_path / "solo" / "status.json").read_text())
     assert status["rounds_done"] == 20 and status["phase"] == "stopped"
     assert status["adapter_version"] == versions[-1]
+
+
+@pytest.mark.timeout(900)
+def test_solo_loop_learns(tmp_path):
+    """Eighty rounds of F-TIS on own samples raise tiny-s's reward; an lr ~0 control does not.
+
+    tiny-s closes its <answer> tag only part of the time after its warm-start; RL learns to
+    close it and sharpens toward its greedy answers. Both runs draw the same prompts and
+    sampling seeds each round (they depend only on seed and round), so the per-round rewards
+    compare pairwise, and the eval set is fixed: neither can be explained by the prompts drawn.
+    Measured (seeds 0-2, 100 rounds): eval reward 0.10 -> 0.165; at lr 1e-8 it stays at 0.10.
+    """
+    evals = eval_set("id", "toy", 256, seed=0)
+
+    def run(lr: float):
+        node = Node(solo_config(tmp_path / str(lr), rounds=80, group_size=16, lr=lr, threads=1), use_swarm=False)
+        node.setup()
+        before = sampled_reward_mean(node, evals, max_tokens=16, n=4, seed=1)
+        rewards = [node.run_round(r).reward_mean for r in range(80)]
+        after = sampled_reward_mean(node, evals, max_tokens=16, n=4, seed=1)
+        node.close()
+        return before, after, np.array(rewards)
+
+    before, after, trained = run(1e-3)
+    c_before, c_after, control = run(1e-9)
+    assert c_before == pytest.approx(before) and abs(c_after - c_before) < 0.01, (c_before, c_after)
+    assert after - before >= 0.03, (before, after)  # measured +0.05 to +0.06
+    # the training reward itself, rounds 40-79, against the control on the same prompts
+    gain = float((trained[40:] - control[40:]).mean())
+    assert gain >= 0.02, (gain, trained[40:].mean(), control[40:].mean())
+    assert trained[0] == control[0]  # the same weights, prompts and sampling seed in round 0
 
 
 def test_train_command_checkpoints_and_resumes(tmp_path):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from node.tasks import Problem, Task, get_task
 
-__all__ = ["EvalSet", "eval_set", "greedy_pass_at_1"]
+__all__ = ["EvalSet", "eval_set", "greedy_pass_at_1", "sampled_reward_mean"]
 
 # The eval seed is salted so that an eval set never equals the stream of training prompts
-# a node with the same seed draws (`Node` samples with random.Random(cfg.seed)).
+# a node with the same seed draws (`Node` seeds each round with "<seed>/prompts/<round>").
 _EVAL_SALT = "ftis-eval"
 
 
@@ -77,3 +77,15 @@ def greedy_pass_at_1(node, evals: EvalSet, max_tokens: int) -> float:
     samples = node.engine.generate(prompts, n=1, sampling=greedy)
     correct = sum(float(evals.task.reward(p, s[0].text)) for p, s in zip(evals.problems, samples))
     return correct / len(evals)
+
+
+def sampled_reward_mean(node, evals: EvalSet, max_tokens: int, n: int = 4, seed: int = 0) -> float:
+    """Mean reward of `n` seeded samples per problem under the node's own sampling settings:
+    the quantity RL maximises (greedy pass@1 only moves when an argmax flips)."""
+    if node.engine is None:
+        raise RuntimeError("the node has no engine: call node.setup() before evaluating it")
+    prompts = [node.admission.prompt_ids(p.prompt) for p in evals.problems]
+    sampling = node.sampling.model_copy(update={"max_tokens": max_tokens, "seed": seed})
+    samples = node.engine.generate(prompts, n=n, sampling=sampling)
+    total = sum(float(evals.task.reward(p, s.text)) for p, group in zip(evals.problems, samples) for s in group)
+    return total / (n * len(evals))
