@@ -153,10 +153,11 @@ def test_smoke_run_writes_consistent_outputs_and_dht_agrees(tmp_path):
     assert labels == list(BUILTIN_PAIRS["size"].labels)
     for variant, run in runs.items():
         for node in run["nodes"]:
-            assert set(node["evals"]) == {"id", "ood"} and node["build"].startswith(node["model"])
-            for curve in node["evals"].values():
+            assert set(node["evals"]) == {"id", "ood", "id-sampled", "ood-sampled"} and node["build"].startswith(node["model"])
+            for name, curve in node["evals"].items():
                 assert [s for s, _ in curve] == steps
-                assert all(0.0 <= acc <= 1.0 and (acc * 8).is_integer() for _, acc in curve)
+                draws = 8 * (4 if name.endswith("-sampled") else 1)  # 8 problems, 4 samples each
+                assert all(0.0 <= acc <= 1.0 and (acc * draws).is_integer() for _, acc in curve)
             assert [r["round"] for r in node["rounds"]] == [0, 1]
             for r in node["rounds"]:
                 assert 0.0 <= r["reward_mean"] <= 1.0 and r["own_samples"] == 8 and r["peers_answered"] == 1
@@ -169,7 +170,7 @@ def test_smoke_run_writes_consistent_outputs_and_dht_agrees(tmp_path):
 
     # Summary rows and the markdown table say what the curves say.
     rows = on_disk["summary"]
-    assert len(rows) == 2 * 2 * 2  # variants x nodes x splits
+    assert len(rows) == 2 * 2 * 4  # variants x nodes x (2 splits, greedy and sampled)
     md = (out / "results.md").read_text()
     for row in rows:
         node = runs[row["variant"]]["nodes"][row["node"]]
@@ -178,7 +179,7 @@ def test_smoke_run_writes_consistent_outputs_and_dht_agrees(tmp_path):
     for variant in ("alone", "**f-tis**"):
         line = next(line for line in md.splitlines() if line.startswith(f"| {variant} |"))
         cells = line.strip("| ").split(" | ")
-        assert len(cells) == 1 + 2 * (2 * 2 + 1)  # variant + per node: 2 finals, 2 bests, reward
+        assert len(cells) == 1 + 2 * (4 * 2 + 1)  # variant + per node: 4 finals, 4 bests, reward
         assert all(0.0 <= float(c) <= 1.0 for c in cells[1:])
     assert "![curves](curves.png)" in md and "pytest smoke" in md
 

@@ -181,7 +181,12 @@ def plot_curves(results: dict[str, Any], path: str | Path, dpi: int = 80) -> Pat
                 ax.plot(x, mean, color=color, lw=width, label=v)
                 if len(nodes) > 1:
                     ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
-            what = f"{splits[col]} greedy pass@1" if col < len(splits) else f"train reward ({REWARD_WINDOW}-round mean)"
+            if col == len(splits):
+                what = f"train reward ({REWARD_WINDOW}-round mean)"
+            elif splits[col].endswith("-sampled"):
+                what = f"{splits[col].removesuffix('-sampled')} sampled reward (4 per problem)"
+            else:
+                what = f"{splits[col]} greedy pass@1"
             ax.set_title(f"{pair}: {label}\n{what}", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)

@@ -393,7 +393,7 @@ def run_pair(
     the same in every variant and seed (LoRA starts as the identity, full starts at the
     base), so it is measured once per model and split.
     """
-    from node.experiment.evaluate import greedy_pass_at_1
+    from node.experiment.evaluate import greedy_pass_at_1, sampled_reward_mean
 
     rounds = cfg.rounds if rounds is None else rounds
     steps = set(cfg.eval_steps(rounds))
@@ -410,22 +410,27 @@ def run_pair(
         raise
     # The weights a node started from: a tiny model's folder name carries its build key.
     builds = [Path(str(n.model_path)).name for n in nodes]
-    curves = [{"rounds": [], "evals": {e.name: [] for e in evals}} for _ in nodes]
+    # Greedy pass@1 (the paper's metric) and the mean reward of 4 samples per problem at the
+    # training temperature (what RL maximises; it moves before an argmax flips).
+    metrics = {e.name: (e, lambda node, e: greedy_pass_at_1(node, e, cfg.eval_tokens)) for e in evals}
+    metrics |= {f"{e.name}-sampled": (e, lambda node, e: sampled_reward_mean(node, e, cfg.eval_tokens, 4, cfg.eval_seed))
+                for e in evals}
+    curves = [{"rounds": [], "evals": {name: [] for name in metrics}} for _ in nodes]
     eval_seconds = 0.0
 
     def evaluate(step: int) -> None:
         nonlocal eval_seconds
         t = time.perf_counter()
         for node, spec, curve in zip(nodes, pair.nodes, curves):
-            for e in evals:
-                key = (spec.model, e.name)
+            for name, (e, measure) in metrics.items():
+                key = (spec.model, name)
                 if step == 0 and initial_cache is not None and key in initial_cache:
                     acc = initial_cache[key]
                 else:
-                    acc = greedy_pass_at_1(node, e, cfg.eval_tokens)
+                    acc = measure(node, e)
                     if step == 0 and initial_cache is not None:
                         initial_cache[key] = acc
-                curve["evals"][e.name].append([step, acc])
+                curve["evals"][name].append([step, acc])
         eval_seconds += time.perf_counter() - t
 
     try:
