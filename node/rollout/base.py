@@ -10,6 +10,7 @@ with extra masking) silently biases training.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,7 +18,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Sampling", "Sample", "RolloutEngine", "FinishReason"]
+__all__ = ["Sampling", "Sample", "RolloutEngine", "FinishReason", "encode_prompts", "eos_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -47,6 +48,53 @@ class Sample:
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.token_ids):
             raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
+
+
+def encode_prompts(
+    tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]], *, use_chat_template: bool, vocab_size: int
+) -> list[list[int]]:
+    """Prompts to token ids, validated; text gets the chat template if `use_chat_template`.
+
+    Every engine tokenizes through this one function, so a text prompt becomes the same
+    ids (and so the same packet) whichever engine generated from it.
+    """
+    if all(isinstance(p, str) for p in prompts):
+        out = []
+        for p in prompts:
+            if use_chat_template:
+                p = tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                out.append(tokenizer.encode(p, add_special_tokens=False))
+            else:
+                out.append(tokenizer.encode(p))
+    elif all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+        out = [[int(t) for t in p] for p in prompts]
+    else:
+        raise TypeError("prompts must be all strings or all token-id lists")
+    for i, ids in enumerate(out):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty (encodes to no tokens)")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size})")
+    return out
+
+
+def eos_token_ids(tokenizer, generation_eos: int | Sequence[int] | None) -> list[int]:
+    """Every id that ends a completion: the model's generation EOS ids, then the tokenizer's.
+
+    `generation_eos` is the model's `generation_config.eos_token_id` (an id, a list or None).
+    """
+    ids: list[int] = []
+    for source in (generation_eos, tokenizer.eos_token_id):
+        if source is None:
+            continue
+        for i in [source] if isinstance(source, int) else list(source):
+            if i not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the model and tokenizer define no EOS token; completions could never stop")
+    return ids
 
 
 class RolloutEngine(abc.ABC):

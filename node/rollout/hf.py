@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from node.rollout.base import RolloutEngine, Sample, Sampling
+from node.rollout.base import RolloutEngine, Sample, Sampling, encode_prompts, eos_token_ids
 from node.train.checkpoint import load_safetensors_into
 from node.train.logprobs import sampling_logprobs
 
@@ -34,16 +34,7 @@ __all__ = ["HFEngine"]
 
 def _eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     """Every id that ends a completion: the model's generation EOS ids and the tokenizer's."""
-    ids: list[int] = []
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        for i in [source] if isinstance(source, int) else list(source):
-            if i not in ids:
-                ids.append(int(i))
-    if not ids:
-        raise ValueError("the model and tokenizer define no EOS token; completions could never stop")
-    return ids
+    return eos_token_ids(tokenizer, getattr(model.generation_config, "eos_token_id", None))
 
 
 class HFEngine(RolloutEngine):
@@ -127,26 +118,9 @@ class HFEngine(RolloutEngine):
     # ------------------------------------------------------------------ generation
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
         """Prompts to token ids, validating them; text gets the chat template if enabled."""
-        if all(isinstance(p, str) for p in prompts):
-            out = []
-            for p in prompts:
-                if self.use_chat_template:
-                    p = self._tokenizer.apply_chat_template(
-                        [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                    )
-                    out.append(self._tokenizer.encode(p, add_special_tokens=False))
-                else:
-                    out.append(self._tokenizer.encode(p))
-        elif all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
-            out = [[int(t) for t in p] for p in prompts]
-        else:
-            raise TypeError("prompts must be all strings or all token-id lists")
-        for i, ids in enumerate(out):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty (encodes to no tokens)")
-            if min(ids) < 0 or max(ids) >= self._vocab:
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self._vocab})")
-        return out
+        return encode_prompts(
+            self._tokenizer, prompts, use_chat_template=self.use_chat_template, vocab_size=self._vocab
+        )
 
     @contextlib.contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:
