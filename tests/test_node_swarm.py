@@ -1,8 +1,9 @@
 """Real `ftis-node join` processes on loopback: a swarm that trains on each other's samples.
 
 Four nodes start (one bootstrap, three joining through its status URL); the fourth is
-SIGKILLed after its first round. The other three must finish every round, and each must
-have trained on samples admitted from both of the others. Nothing may be left running.
+SIGKILLed after its first round. b and c must finish every round, the bootstrap runs until
+a SIGINT stops it cleanly, and each of the three must have trained on samples admitted from
+both of the others. Nothing may be left running.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
     for model in ("tiny-s", "tiny-m"):
         model_folder(resolve_model(model))  # build once, before the nodes race for it
     p2pd_before = _p2pd_pids()
-    boot, boot_url = _spawn(tmp_path, "a", "tiny-m", None, expect=3)
+    # The bootstrap runs until stopped: on a loaded machine the others may take longer to load
+    # their models than a fixed number of its rounds lasts.
+    boot, boot_url = _spawn(tmp_path, "a", "tiny-m", None, expect=3, rounds=None)
     procs = {"a": boot}
     try:
         _wait(lambda: _status(boot_url).get("join_addrs"), 120, "the bootstrap to join", tmp_path)
@@ -90,8 +93,10 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
                                              rounds=None if name == "d" else ROUNDS)
         _wait(lambda: (_status(urls["d"]).get("rounds_done") or 0) >= 1, 180, "d to finish a round", tmp_path)
         procs["d"].send_signal(signal.SIGKILL)  # mid-round: it starts its next one at once
-        for name in "abc":
+        for name in "bc":
             procs[name].wait(timeout=240)
+        boot.send_signal(signal.SIGINT)  # a clean stop: the round in progress ends, a last checkpoint
+        boot.wait(timeout=120)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -102,7 +107,8 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
     status = {n: json.loads((tmp_path / n / "status.json").read_text()) for n in "abc"}
     peer_ids = {n: s["peer_id"] for n, s in status.items()}
     for name, s in status.items():
-        assert s["rounds_done"] == ROUNDS and s["phase"] == "stopped"
+        assert (s["rounds_done"] >= ROUNDS if name == "a" else s["rounds_done"] == ROUNDS), s["rounds_done"]
+        assert s["phase"] == "stopped"
         for other in "abc":
             if other == name:
                 continue
