@@ -50,6 +50,14 @@ class Sample:
             raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
 
 
+def check_request(n: int, sampling: Sampling) -> None:
+    """The argument checks every engine's `generate` starts with."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+
+
 def encode_prompts(
     tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]], *, use_chat_template: bool, vocab_size: int
 ) -> list[list[int]]:

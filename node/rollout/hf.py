@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from node.rollout.base import RolloutEngine, Sample, Sampling, encode_prompts, eos_token_ids
+from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
 from node.train.checkpoint import load_safetensors_into
 from node.train.logprobs import sampling_logprobs
 
@@ -136,10 +136,7 @@ class HFEngine(RolloutEngine):
     def generate(
         self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
     ) -> list[list[Sample]]:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        check_request(n, sampling)
         if not prompts:
             return []
         ids = self.encode(prompts)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from node.rollout.base import RolloutEngine, Sample, Sampling, encode_prompts, eos_token_ids
+from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
 
 __all__ = ["EngineSelfCheckError", "VLLMEngine"]
 
@@ -264,10 +264,7 @@ class VLLMEngine(RolloutEngine):
     def generate(
         self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
     ) -> list[list[Sample]]:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        check_request(n, sampling)
         if not prompts:
             return []
         ids = self.encode(prompts)
