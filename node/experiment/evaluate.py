@@ -70,22 +70,22 @@ def greedy_pass_at_1(node, evals: EvalSet, max_tokens: int) -> float:
     """The fraction of `evals` a set-up `node.daemon.Node` answers right with greedy decoding."""
     from node.rollout import Sampling
 
-    if node.engine is None:
-        raise RuntimeError("the node has no engine: call node.setup() before evaluating it")
-    prompts = [node.admission.prompt_ids(p.prompt) for p in evals.problems]
     greedy = Sampling(temperature=1.0, top_k=1, top_p=1.0, max_tokens=max_tokens, seed=0)
-    samples = node.engine.generate(prompts, n=1, sampling=greedy)
-    correct = sum(float(evals.task.reward(p, s[0].text)) for p, s in zip(evals.problems, samples))
-    return correct / len(evals)
+    return _mean_reward(node, evals, greedy, n=1)
 
 
 def sampled_reward_mean(node, evals: EvalSet, max_tokens: int, n: int = 4, seed: int = 0) -> float:
     """Mean reward of `n` seeded samples per problem under the node's own sampling settings:
     the quantity RL maximises (greedy pass@1 only moves when an argmax flips)."""
+    sampling = node.sampling.model_copy(update={"max_tokens": max_tokens, "seed": seed})
+    return _mean_reward(node, evals, sampling, n)
+
+
+def _mean_reward(node, evals: EvalSet, sampling, n: int) -> float:
+    """Mean verifier reward of `n` completions per problem, sampled by the node's own engine."""
     if node.engine is None:
         raise RuntimeError("the node has no engine: call node.setup() before evaluating it")
     prompts = [node.admission.prompt_ids(p.prompt) for p in evals.problems]
-    sampling = node.sampling.model_copy(update={"max_tokens": max_tokens, "seed": seed})
     samples = node.engine.generate(prompts, n=n, sampling=sampling)
     total = sum(float(evals.task.reward(p, s.text)) for p, group in zip(evals.problems, samples) for s in group)
     return total / (n * len(evals))
