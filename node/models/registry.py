@@ -202,6 +202,17 @@ def _torch_dtype(dtype: Any) -> Any:
     return names[dtype]
 
 
+def load_tokenizer(source: str | Path, **options: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(source)`` with a pad token (its EOS when it has none),
+    since batched generation needs one. `load_model` and the vLLM engine both load through it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **options)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str = "cpu",
                progress: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) through ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
@@ -210,7 +221,7 @@ def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str
     local Hugging Face cache. The tokenizer always has a pad token (its EOS when it
     has none), since batched generation needs one.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not isinstance(spec, ModelSpec):
         spec = resolve_model(spec)
@@ -221,7 +232,7 @@ def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str
         # The config first: it is the smallest file, so an unreachable Hub fails once
         # (after the hub client's retries) instead of once per file.
         AutoConfig.from_pretrained(source, **options)
-        tokenizer = AutoTokenizer.from_pretrained(source, **options)
+        tokenizer = load_tokenizer(source, **options)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **options)
     except Exception as exc:  # hub, network and format errors all end here; keep the reason
         if spec.kind != "hub":
@@ -233,8 +244,6 @@ def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str
             f"a model the project builds itself: tiny-s, tiny-m, tiny-l, tiny-alt or {EMBEDDED_SMOLLM2}. "
             f"Reason: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model.to(device)
     model.eval()
     return model, tokenizer

@@ -143,9 +143,9 @@ class VLLMEngine(RolloutEngine):
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
-        from transformers import AutoTokenizer, GenerationConfig
+        from transformers import GenerationConfig
 
-        from node.models.registry import model_folder, resolve_model
+        from node.models.registry import load_tokenizer, model_folder, resolve_model
         from vllm.platforms import current_platform
 
         platform = current_platform.device_type  # "cpu", "cuda", ...
@@ -165,11 +165,8 @@ class VLLMEngine(RolloutEngine):
         on_cpu = platform == "cpu"
         self._dtype = _vllm_dtype(dtype)
         self._source = model_folder(resolve_model(model))
-        if tokenizer is None:
-            # The same class and ids as the trainer's (registry.load_model) tokenizer.
-            tokenizer = AutoTokenizer.from_pretrained(self._source)
-            if tokenizer.pad_token is None:
-                tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer is None:  # the same class and ids as the trainer's tokenizer
+            tokenizer = load_tokenizer(self._source)
         if use_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         try:
