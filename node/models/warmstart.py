@@ -7,8 +7,9 @@ arithmetic and most of the format: 40 % of the examples stop before ``</answer>`
 the model closes its answer only part of the time. That leaves the sampled reward well
 above 0 and well below 1, with room RL can fill quickly (closing the tag, then
 sharpening toward its greedy answers); the arithmetic itself is too hard to learn from
-a binary reward in a few hundred steps at this size. The number of steps is fixed per model, so the result is
-a pure function of (model config, recipe); bigger models end a bit better.
+a binary reward in a few hundred steps at this size. The number of steps is fixed per
+model, so the result is a pure function of (model config, recipe); bigger models end a
+bit better.
 
 ``skill`` restricts the warm-start to one half of the toy task ("add" or "sub"), which
 gives pairs of nodes with different expertise.

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Sampling", "Sample", "RolloutEngine", "FinishReason", "encode_prompts", "eos_token_ids"]
+__all__ = ["Sampling", "Sample", "RolloutEngine", "FinishReason", "check_request", "encode_prompts", "eos_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 
