@@ -62,7 +62,9 @@ class ApiServer:
             self._sock.bind((host, port))
         except OSError as err:
             self._sock.close()
-            raise OSError(f"API port {host}:{port} is not free ({err.strerror}); pass --api-port 0 or another port") from None
+            raise OSError(
+                f"API port {host}:{port} is not free ({err.strerror}); pass --api-port 0 or another port"
+            ) from None
         self.host, self.port = host, self._sock.getsockname()[1]
         config = uvicorn.Config(create_app(status), log_level="warning", access_log=False)
         self._server = uvicorn.Server(config)
@@ -72,7 +74,7 @@ class ApiServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> "ApiServer":
+    def start(self, timeout: float = 10.0) -> ApiServer:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started and time.monotonic() < deadline:

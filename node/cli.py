@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -121,8 +120,19 @@ def bench_all(
 
 
 SWARM_ONLY = {
-    "swarm", "swarm_id", "host", "port", "announce", "client_mode", "auto_relay", "startup_timeout",
-    "gather_seconds", "expect_peers", "peer_share", "cross_tokenizer", "round_seconds",
+    "swarm",
+    "swarm_id",
+    "host",
+    "port",
+    "announce",
+    "client_mode",
+    "auto_relay",
+    "startup_timeout",
+    "gather_seconds",
+    "expect_peers",
+    "peer_share",
+    "cross_tokenizer",
+    "round_seconds",
 }
 
 
@@ -191,14 +201,21 @@ def demo(
     loss: str = typer.Option("f-tis", help="Loss variant for every node (see `join --help`)."),
     with_smollm: bool = typer.Option(False, help="Add a node running the embedded SmolLM2-135M (slow on CPU)."),
     keep_running: bool = typer.Option(False, help="Run until Ctrl-C instead of stopping after --rounds."),
-    workdir: Optional[Path] = typer.Option(None, help="Folder for logs and checkpoints [default: a temp folder]."),
+    workdir: Path | None = typer.Option(None, help="Folder for logs and checkpoints [default: a temp folder]."),
 ) -> None:
     """A local swarm of heterogeneous nodes on loopback, with a live table and a summary."""
     from node.demo import Demo
 
     try:
-        runner = Demo(nodes=nodes, rounds=rounds, round_seconds=round_seconds, loss=loss,
-                      with_smollm=with_smollm, keep_running=keep_running, workdir=workdir)
+        runner = Demo(
+            nodes=nodes,
+            rounds=rounds,
+            round_seconds=round_seconds,
+            loss=loss,
+            with_smollm=with_smollm,
+            keep_running=keep_running,
+            workdir=workdir,
+        )
     except ValueError as err:
         _fail(str(err))
     summary = runner.run()
@@ -209,22 +226,23 @@ def demo(
 @app.command()
 def experiment(
     out: Path = typer.Argument(..., help="Folder for results.json, results.md and curves.png."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Experiment YAML, e.g. configs/paper-gpu.yaml."),
+    config: Path | None = typer.Option(None, "--config", help="Experiment YAML, e.g. configs/paper-gpu.yaml."),
     pair: list[str] = typer.Option([], "--pair", help="Pairs: size, expertise, full-lora (repeatable)."),
     variant: list[str] = typer.Option([], "--variant", help="Loss variants, incl. alone (repeatable)."),
     seed: list[int] = typer.Option([], "--seed", help="Seeds (repeatable)."),
-    rounds: Optional[int] = typer.Option(None, min=1, help="Rounds per run."),
-    eval_every: Optional[int] = typer.Option(None, min=1, help="Evaluate greedy pass@1 every k rounds."),
-    eval_problems: Optional[int] = typer.Option(None, min=1, help="Problems per evaluation split."),
-    prompts_per_round: Optional[int] = typer.Option(None, min=1, help="Own prompts per round."),
-    group_size: Optional[int] = typer.Option(None, min=2, help="Completions per prompt (G)."),
-    max_tokens: Optional[int] = typer.Option(None, min=1, help="Maximum completion tokens."),
-    lr_lora: Optional[float] = typer.Option(None, help="Learning rate of LoRA nodes."),
-    lr_full: Optional[float] = typer.Option(None, help="Learning rate of full fine-tuning nodes."),
-    kl_threshold: Optional[float] = typer.Option(None, help="The filter's threshold g."),
-    kl_reduction: Optional[str] = typer.Option(None, help="sum or mean."),
-    dht_check: Optional[bool] = typer.Option(None, "--dht-check/--no-dht-check",
-                                             help="Also run one setting through real DHTs and compare."),
+    rounds: int | None = typer.Option(None, min=1, help="Rounds per run."),
+    eval_every: int | None = typer.Option(None, min=1, help="Evaluate greedy pass@1 every k rounds."),
+    eval_problems: int | None = typer.Option(None, min=1, help="Problems per evaluation split."),
+    prompts_per_round: int | None = typer.Option(None, min=1, help="Own prompts per round."),
+    group_size: int | None = typer.Option(None, min=2, help="Completions per prompt (G)."),
+    max_tokens: int | None = typer.Option(None, min=1, help="Maximum completion tokens."),
+    lr_lora: float | None = typer.Option(None, help="Learning rate of LoRA nodes."),
+    lr_full: float | None = typer.Option(None, help="Learning rate of full fine-tuning nodes."),
+    kl_threshold: float | None = typer.Option(None, help="The filter's threshold g."),
+    kl_reduction: str | None = typer.Option(None, help="sum or mean."),
+    dht_check: bool | None = typer.Option(
+        None, "--dht-check/--no-dht-check", help="Also run one setting through real DHTs and compare."
+    ),
     plot: bool = typer.Option(True, help="Draw curves.png."),
 ) -> None:
     """The paper's comparison of loss variants on pairs of heterogeneous models (CPU-sized)."""
@@ -232,11 +250,24 @@ def experiment(
 
     try:
         run_experiment(
-            out, config=config, pairs=pair or None, variants=variant or None, seeds=seed or None,
-            rounds=rounds, eval_every=eval_every, eval_problems=eval_problems,
-            prompts_per_round=prompts_per_round, group_size=group_size, max_tokens=max_tokens,
-            lr_lora=lr_lora, lr_full=lr_full, kl_threshold=kl_threshold, kl_reduction=kl_reduction,
-            dht_check=dht_check, plot=plot, command=" ".join(["ftis-node", *sys.argv[1:]]),
+            out,
+            config=config,
+            pairs=pair or None,
+            variants=variant or None,
+            seeds=seed or None,
+            rounds=rounds,
+            eval_every=eval_every,
+            eval_problems=eval_problems,
+            prompts_per_round=prompts_per_round,
+            group_size=group_size,
+            max_tokens=max_tokens,
+            lr_lora=lr_lora,
+            lr_full=lr_full,
+            kl_threshold=kl_threshold,
+            kl_reduction=kl_reduction,
+            dht_check=dht_check,
+            plot=plot,
+            command=" ".join(["ftis-node", *sys.argv[1:]]),
         )
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -69,7 +70,7 @@ def with_config_options(
                 "config_file",
                 inspect.Parameter.KEYWORD_ONLY,
                 default=typer.Option(None, "--config", help="YAML file with settings (keys as the flags, with _)."),
-                annotation=Optional[Path],
+                annotation=Path | None,
             )
         )
         for name, field in fields.items():
@@ -79,7 +80,7 @@ def with_config_options(
                     name,
                     inspect.Parameter.KEYWORD_ONLY,
                     default=typer.Option(None, *_flag_names(name, flag_type), help=_help(field), show_default=False),
-                    annotation=Optional[flag_type],
+                    annotation=flag_type | None,
                 )
             )
 

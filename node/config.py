@@ -108,7 +108,7 @@ class NodeConfig(BaseSettings):
         return self.data_dir or default_data_root() / self.name
 
     @classmethod
-    def load(cls, config_file: Path | None = None, **overrides: Any) -> "NodeConfig":
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> NodeConfig:
         """Flags (`overrides`, None = not given) > env > YAML file > defaults."""
         config_file = config_file or (Path(p) if (p := os.environ.get("FTIS_CONFIG")) else None)
         if config_file is not None and not Path(config_file).is_file():

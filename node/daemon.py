@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,9 +58,7 @@ class OpenRound:
 class Node:
     """One participant. `run()` blocks until `rounds` are done or a stop is requested."""
 
-    def __init__(
-        self, cfg: NodeConfig, *, use_swarm: bool = True, exchange=None, on_round=None, on_ready=None
-    ) -> None:
+    def __init__(self, cfg: NodeConfig, *, use_swarm: bool = True, exchange=None, on_round=None, on_ready=None) -> None:
         """`exchange`: an object with the `Swarm` packet API to use instead of starting a DHT
         (the in-process exchange of `ftis-node experiment`)."""
         self.cfg = cfg
@@ -78,7 +75,7 @@ class Node:
         self._dirty = False  # trained since the last checkpoint
 
     # ------------------------------------------------------------------ set-up
-    def setup(self) -> "Node":
+    def setup(self) -> Node:
         from node.models import model_folder, resolve_model, tokenizer_fingerprint
         from node.rollout import Sampling, make_engine
         from node.tasks import get_task
@@ -105,8 +102,13 @@ class Node:
         self.trainer = Trainer(
             self.model_path,
             TrainerConfig(
-                mode=cfg.train_mode, lora_rank=cfg.lora_rank, lr=cfg.lr, loss=loss, seed=cfg.seed,
-                device=cfg.device, dtype=cfg.dtype,
+                mode=cfg.train_mode,
+                lora_rank=cfg.lora_rank,
+                lr=cfg.lr,
+                loss=loss,
+                seed=cfg.seed,
+                device=cfg.device,
+                dtype=cfg.dtype,
             ),
         )
         # vLLM runs its own copy of the weights: after every load it checks itself against the
@@ -230,7 +232,7 @@ class Node:
         """One whole round; None if a stop was requested before training."""
         return self.finish_round(r, self.begin_round(r))
 
-    def begin_round(self, r: int) -> "OpenRound":
+    def begin_round(self, r: int) -> OpenRound:
         """Generate and score own samples, then publish them (the half before peers answer)."""
         opened = OpenRound(round=r, started_at=time.time())
         self.status.set_phase("generating", r)
@@ -240,7 +242,7 @@ class Node:
             self.swarm.publish(r, self._packet_bytes(r, opened.own))
         return opened
 
-    def finish_round(self, r: int, opened: "OpenRound") -> RoundResult | None:
+    def finish_round(self, r: int, opened: OpenRound) -> RoundResult | None:
         """Gather and admit peers' samples, train, checkpoint, record (the half after)."""
         own, start = opened.own, opened.started_at
         peers: list[ScoredGroup] = []
@@ -267,7 +269,8 @@ class Node:
             peer_samples=sum(len(g.sequences) for g in used if g.source != SELF),
             peers_answered=answered,
             seconds=time.time() - start,
-            metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))} | {"peer_groups_capped": left_out},
+            metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            | {"peer_groups_capped": left_out},
         )
         self.status.record_round(
             RoundRecord(
@@ -360,9 +363,7 @@ class Node:
         return encode(RolloutPacket(header=header, groups=groups))
 
     def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
-        gathered = self.swarm.gather(
-            r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers
-        )
+        gathered = self.swarm.gather(r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers)
         attributed: dict[str, int] = {}
         for peer_id, reasons in gathered.rejected_by_peer.items():
             for reason, count in reasons.items():
@@ -398,7 +399,9 @@ class Node:
 
         sequences = []
         for gid, g in enumerate(groups):
-            adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float64), torch.zeros(len(g.sequences), dtype=torch.long))
+            adv = group_advantages(
+                torch.tensor(g.rewards, dtype=torch.float64), torch.zeros(len(g.sequences), dtype=torch.long)
+            )
             for s, a in zip(g.sequences, adv.tolist()):
                 sequences.append(
                     TrainSequence(
@@ -443,8 +446,13 @@ class Node:
 
         with torch.no_grad():
             logp, _ = sequence_logprobs(
-                self.trainer.model, [prompt_ids], [completion_ids], temperature=temperature,
-                top_k=top_k, top_p=top_p, pad_id=self.trainer.pad_id,
+                self.trainer.model,
+                [prompt_ids],
+                [completion_ids],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                pad_id=self.trainer.pad_id,
             )
         return logp[0, : len(completion_ids)].float().cpu().numpy()
 

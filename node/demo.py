@@ -93,12 +93,38 @@ class Demo:
     # ------------------------------------------------------------------ processes
     def _command(self, node: DemoNode, api_port: int, bootstrap_url: str | None) -> list[str]:
         cmd = [
-            sys.executable, "-m", "node.cli", "join",
-            "--name", node.name, "--model", node.model, "--train-mode", node.train_mode,
-            "--data-dir", str(self.workdir / node.name), "--swarm-id", "demo",
-            "--host", "127.0.0.1", "--port", "0", "--api-host", "127.0.0.1", "--api-port", str(api_port),
-            "--round-seconds", str(self.round_seconds), "--gather-seconds", str(self.round_seconds / 2),
-            "--expect-peers", str(len(self.roster) - 1), "--loss", self.loss, "--threads", "1",
+            sys.executable,
+            "-m",
+            "node.cli",
+            "join",
+            "--name",
+            node.name,
+            "--model",
+            node.model,
+            "--train-mode",
+            node.train_mode,
+            "--data-dir",
+            str(self.workdir / node.name),
+            "--swarm-id",
+            "demo",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--api-host",
+            "127.0.0.1",
+            "--api-port",
+            str(api_port),
+            "--round-seconds",
+            str(self.round_seconds),
+            "--gather-seconds",
+            str(self.round_seconds / 2),
+            "--expect-peers",
+            str(len(self.roster) - 1),
+            "--loss",
+            self.loss,
+            "--threads",
+            "1",
         ]
         if not self.keep_running:
             cmd += ["--rounds", str(self.rounds)]
@@ -116,7 +142,10 @@ class Demo:
             port = free_port()
             log = open(self.workdir / f"{node.name}.log", "w")
             self.procs[node.name] = subprocess.Popen(
-                self._command(node, port, bootstrap_url), stdout=log, stderr=subprocess.STDOUT, env=env,
+                self._command(node, port, bootstrap_url),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,  # Ctrl-C reaches the demo only; it stops the nodes itself
             )
             self.api[node.name] = f"http://127.0.0.1:{port}"
@@ -169,8 +198,19 @@ class Demo:
 
     def table(self) -> Table:
         table = Table(title=f"ftis-node demo · {len(self.roster)} nodes · loss {self.loss}")
-        for col in ("node", "model", "phase", "rounds", "reward", "own", "peer used",
-                    "peers", "filtered", "IS w", "rejected"):
+        for col in (
+            "node",
+            "model",
+            "phase",
+            "rounds",
+            "reward",
+            "own",
+            "peer used",
+            "peers",
+            "filtered",
+            "IS w",
+            "rejected",
+        ):
             table.add_column(col, justify="left" if col in ("node", "model", "phase") else "right")
         for node in self.roster:
             s = self.last.get(node.name, {})
@@ -180,9 +220,16 @@ class Demo:
             if s.get("exit_code") is not None:
                 phase = f"exited ({s['exit_code']})"
             table.add_row(
-                node.name, f"{node.model} ({node.train_mode})", phase, _fmt(s.get("rounds_done")), _fmt(last.get("reward_mean")), _fmt(last.get("own_samples")),
-                _fmt(last.get("peer_samples")), _fmt(last.get("peers_answered")),
-                _fmt(m.get("frac_filtered")), _fmt(m.get("is_weight_mean")),
+                node.name,
+                f"{node.model} ({node.train_mode})",
+                phase,
+                _fmt(s.get("rounds_done")),
+                _fmt(last.get("reward_mean")),
+                _fmt(last.get("own_samples")),
+                _fmt(last.get("peer_samples")),
+                _fmt(last.get("peers_answered")),
+                _fmt(m.get("frac_filtered")),
+                _fmt(m.get("is_weight_mean")),
                 _fmt(sum((s.get("rejected") or {}).values())),
             )
         return table
@@ -214,9 +261,16 @@ class Demo:
         for col in ("node", "model", "rounds", "reward first", "reward last", "best", "peer samples used", "exit"):
             table.add_column(col, justify="left" if col in ("node", "model") else "right")
         for name, s in summary.items():
-            table.add_row(name, f"{s['model']} ({s['train_mode']})", str(s["rounds"]), _fmt(s["reward_first"]),
-                          _fmt(s["reward_last"]), _fmt(s["reward_best"]), str(s["peer_samples_used"]),
-                          _fmt(s["exit_code"]))
+            table.add_row(
+                name,
+                f"{s['model']} ({s['train_mode']})",
+                str(s["rounds"]),
+                _fmt(s["reward_first"]),
+                _fmt(s["reward_last"]),
+                _fmt(s["reward_best"]),
+                str(s["peer_samples_used"]),
+                _fmt(s["exit_code"]),
+            )
         return table
 
     def run(self) -> dict[str, dict]:

@@ -124,4 +124,3 @@ class NodeStatus:
     def history_dump(self) -> list[dict[str, Any]]:
         with self._lock:
             return [r.model_dump() for r in self.history]
-

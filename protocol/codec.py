@@ -131,9 +131,7 @@ def encode(packet: RolloutPacket, *, compress: bool = False) -> bytes:
     # The models validated these at construction, but arrays can be mutated in place
     # afterwards; an id past the vocabulary would lose its high bits silently.
     if ids.size and int(ids.max()) >= header.vocab_size:
-        raise ProtocolError(
-            f"token id {int(ids.max())} >= vocab_size {header.vocab_size}", code=ErrorCode.BAD_TOKEN_ID
-        )
+        raise ProtocolError(f"token id {int(ids.max())} >= vocab_size {header.vocab_size}", code=ErrorCode.BAD_TOKEN_ID)
     problem = logprob_problem(lps)
     if problem:
         raise ProtocolError(problem, code=ErrorCode.BAD_LOGPROB)
@@ -248,8 +246,7 @@ def _read_prefix(data: Any, limits: Limits, *, whole: bool = True) -> tuple[memo
     if expected > len(view):
         _fail(
             ErrorCode.TRUNCATED,
-            f"prefix announces {header_len} header + {body_len} body bytes "
-            f"but only {len(view) - PREFIX_SIZE} follow",
+            f"prefix announces {header_len} header + {body_len} body bytes but only {len(view) - PREFIX_SIZE} follow",
         )
     if expected < len(view):
         _fail(ErrorCode.LENGTH_MISMATCH, f"{len(view) - expected} unexpected bytes after the body")
@@ -281,9 +278,7 @@ def _decompress(frame: memoryview, max_bytes: int) -> bytes:
     try:
         import zstandard
     except ImportError:
-        _fail(
-            ErrorCode.BAD_COMPRESSION, "packet is zstd-compressed but the zstandard package is not installed"
-        )
+        _fail(ErrorCode.BAD_COMPRESSION, "packet is zstd-compressed but the zstandard package is not installed")
     try:
         declared = zstandard.get_frame_parameters(frame).content_size
     except zstandard.ZstdError as e:
@@ -350,8 +345,7 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
         if not (isinstance(rg, list) and len(rg) == 4 and isinstance(rg[2], list) and len(rg[2]) == 4):
             _fail(
                 ErrorCode.BAD_SCHEMA,
-                f"group {gi} is not "
-                "[task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n]",
+                f"group {gi} is not [task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n]",
             )
         n = rg[3]
         if not _is_int(n) or n < 1:
@@ -373,8 +367,7 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
         i = int(np.argmax(lengths))
         _fail(
             ErrorCode.COMPLETION_TOO_LONG,
-            f"completion {i} has {int(lengths[i])} tokens, "
-            f"over the limit of {limits.max_tokens_per_completion}",
+            f"completion {i} has {int(lengths[i])} tokens, over the limit of {limits.max_tokens_per_completion}",
         )
     n_tok = int(lengths.sum(dtype=np.int64))
     if n_tok > limits.max_total_tokens:
@@ -386,8 +379,7 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
             i = int(over[0])
             _fail(
                 ErrorCode.LENGTH_MISMATCH,
-                f"completion {i} has {int(lengths[i])} tokens, "
-                f"more than its group's max_tokens={int(allowed[i])}",
+                f"completion {i} has {int(lengths[i])} tokens, more than its group's max_tokens={int(allowed[i])}",
             )
 
     finish = _blob(body, "finish", "u1")
@@ -416,8 +408,7 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
         ci = int(np.searchsorted(ends, pos, side="right"))
         _fail(
             ErrorCode.BAD_TOKEN_ID,
-            f"completion {ci}: token id {int(ids[pos])} is outside the vocabulary "
-            f"(vocab_size={header.vocab_size})",
+            f"completion {ci}: token id {int(ids[pos])} is outside the vocabulary (vocab_size={header.vocab_size})",
         )
     # Fixed point cannot express a positive or non-finite value, so no check is needed.
     lps = q.astype(np.float32)
@@ -462,9 +453,7 @@ def _read_texts(raw: Any, n_comp: int, max_chars: int) -> list[str | None]:
         if t is None:
             continue
         if not isinstance(t, str):
-            _fail(
-                ErrorCode.BAD_SCHEMA, f"text of completion {i} must be a str or nil, got {type(t).__name__}"
-            )
+            _fail(ErrorCode.BAD_SCHEMA, f"text of completion {i} must be a str or nil, got {type(t).__name__}")
         if len(t) > max_chars:
             _fail(
                 ErrorCode.TEXT_TOO_LONG,

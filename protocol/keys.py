@@ -37,9 +37,7 @@ _ROUND_RE = re.compile(r"0|[1-9][0-9]*")
 def validate_swarm_id(swarm_id: str) -> str:
     """Return `swarm_id` unchanged if it is 1-64 chars of [a-z0-9_-], starting with [a-z0-9]."""
     if not isinstance(swarm_id, str):
-        raise ProtocolError(
-            f"swarm id must be a str, got {type(swarm_id).__name__}", code=ErrorCode.BAD_SWARM_ID
-        )
+        raise ProtocolError(f"swarm id must be a str, got {type(swarm_id).__name__}", code=ErrorCode.BAD_SWARM_ID)
     if not 1 <= len(swarm_id) <= MAX_SWARM_ID_CHARS:
         raise ProtocolError(
             f"swarm id must be 1-{MAX_SWARM_ID_CHARS} characters, got {len(swarm_id)}",
@@ -47,8 +45,7 @@ def validate_swarm_id(swarm_id: str) -> str:
         )
     if not _SWARM_ID_RE.fullmatch(swarm_id):
         raise ProtocolError(
-            f"swarm id {swarm_id!r} may only contain a-z, 0-9, '-' and '_' "
-            "and must start with a letter or digit",
+            f"swarm id {swarm_id!r} may only contain a-z, 0-9, '-' and '_' and must start with a letter or digit",
             code=ErrorCode.BAD_SWARM_ID,
         )
     return swarm_id
@@ -82,14 +79,10 @@ def parse_round_key(key: str) -> tuple[str, int]:
         raise ProtocolError(f"key must be a str, got {type(key).__name__}", code=ErrorCode.BAD_ROUND)
     parts = key.split("/")
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
-        raise ProtocolError(
-            f"key {key!r} is not of the form '{KEY_PREFIX}/<swarm>/<round>'", code=ErrorCode.BAD_ROUND
-        )
+        raise ProtocolError(f"key {key!r} is not of the form '{KEY_PREFIX}/<swarm>/<round>'", code=ErrorCode.BAD_ROUND)
     swarm_id = validate_swarm_id(parts[1])
     if not _ROUND_RE.fullmatch(parts[2]):
-        raise ProtocolError(
-            f"round {parts[2]!r} in key {key!r} is not a decimal integer", code=ErrorCode.BAD_ROUND
-        )
+        raise ProtocolError(f"round {parts[2]!r} in key {key!r} is not a decimal integer", code=ErrorCode.BAD_ROUND)
     return swarm_id, int(parts[2])
 
 

@@ -149,9 +149,7 @@ class Completion(BaseModel):
     @model_validator(mode="after")
     def _same_length(self) -> Completion:
         if self.token_ids.size != self.logprobs.size:
-            raise ValueError(
-                f"token_ids and logprobs differ in length ({self.token_ids.size} != {self.logprobs.size})"
-            )
+            raise ValueError(f"token_ids and logprobs differ in length ({self.token_ids.size} != {self.logprobs.size})")
         return self
 
     @classmethod
@@ -198,9 +196,7 @@ class Group(BaseModel):
         limit = self.sampling.max_tokens
         for i, c in enumerate(self.completions):
             if c.token_ids.size > limit:
-                raise ValueError(
-                    f"completion {i} has {c.token_ids.size} tokens, more than max_tokens={limit}"
-                )
+                raise ValueError(f"completion {i} has {c.token_ids.size} tokens, more than max_tokens={limit}")
         return self
 
     @classmethod
@@ -208,9 +204,7 @@ class Group(BaseModel):
         cls, task_id: str, generator_model_id: str, sampling: SamplingParams, completions: list[Completion]
     ) -> Group:
         """Positional shorthand."""
-        return cls(
-            task_id=task_id, generator_model_id=generator_model_id, sampling=sampling, completions=completions
-        )
+        return cls(task_id=task_id, generator_model_id=generator_model_id, sampling=sampling, completions=completions)
 
 
 class PacketHeader(BaseModel):

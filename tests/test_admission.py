@@ -23,8 +23,15 @@ def local(tiny_model_dir):
 
     def local_logprobs(prompt_ids, completion_ids, temperature, top_k, top_p):
         with torch.no_grad():
-            logp, _ = sequence_logprobs(model, [prompt_ids], [completion_ids], temperature=temperature,
-                                        top_k=top_k, top_p=top_p, pad_id=tokenizer.pad_token_id or 0)
+            logp, _ = sequence_logprobs(
+                model,
+                [prompt_ids],
+                [completion_ids],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                pad_id=tokenizer.pad_token_id or 0,
+            )
         return logp[0, : len(completion_ids)].numpy()
 
     return tokenizer, local_logprobs
@@ -32,12 +39,29 @@ def local(tiny_model_dir):
 
 def make_admission(local, **kw) -> Admission:
     tokenizer, local_logprobs = local
-    return Admission(task=get_task("toy"), tokenizer=tokenizer, fingerprint=tokenizer_fingerprint(tokenizer),
-                     swarm_id="s", local_logprobs=local_logprobs, **kw)
+    return Admission(
+        task=get_task("toy"),
+        tokenizer=tokenizer,
+        fingerprint=tokenizer_fingerprint(tokenizer),
+        swarm_id="s",
+        local_logprobs=local_logprobs,
+        **kw,
+    )
 
 
-def packet(tokenizer, *, fingerprint=None, swarm="s", round_=5, sender=PEER, task_ids=None, texts=None,
-           logprob=-0.5, with_text=True, n=4) -> bytes:
+def packet(
+    tokenizer,
+    *,
+    fingerprint=None,
+    swarm="s",
+    round_=5,
+    sender=PEER,
+    task_ids=None,
+    texts=None,
+    logprob=-0.5,
+    with_text=True,
+    n=4,
+) -> bytes:
     task = get_task("toy")
     groups = []
     for task_id in task_ids or ["toy/id/1", "toy/id/2"]:
@@ -46,13 +70,22 @@ def packet(tokenizer, *, fingerprint=None, swarm="s", round_=5, sender=PEER, tas
         completions = []
         for text in outs:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            completions.append(Completion.of(ids, np.full(len(ids), logprob, np.float32),
-                                             text=text if with_text else None))
-        groups.append(Group.of(task_id, "peer-model", SamplingParams(temperature=1.0, top_p=1.0, top_k=0,
-                                                                     max_tokens=32), completions))
-    header = PacketHeader.create(swarm_id=swarm, round=round_, sender_peer_id=sender, base_model_id="peer-model",
-                                 tokenizer_fingerprint=fingerprint or tokenizer_fingerprint(tokenizer),
-                                 vocab_size=len(tokenizer))
+            completions.append(
+                Completion.of(ids, np.full(len(ids), logprob, np.float32), text=text if with_text else None)
+            )
+        groups.append(
+            Group.of(
+                task_id, "peer-model", SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=32), completions
+            )
+        )
+    header = PacketHeader.create(
+        swarm_id=swarm,
+        round=round_,
+        sender_peer_id=sender,
+        base_model_id="peer-model",
+        tokenizer_fingerprint=fingerprint or tokenizer_fingerprint(tokenizer),
+        vocab_size=len(tokenizer),
+    )
     return encode(RolloutPacket(header=header, groups=groups))
 
 
@@ -64,7 +97,9 @@ def test_same_tokenizer_groups_are_rescored_locally(local):
         assert g.source == PEER and g.generator == "peer-model"
         assert g.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]  # our verifier, not any sender's claim
         assert all(s.seq_weight == 1.0 and np.allclose(s.logp_gen, -0.5, atol=1e-3) for s in g.sequences)
-        assert g.prompt_ids == tokenizer(get_task("toy").problem(g.task_id).prompt, add_special_tokens=False)["input_ids"]
+        assert (
+            g.prompt_ids == tokenizer(get_task("toy").problem(g.task_id).prompt, add_special_tokens=False)["input_ids"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -112,7 +147,9 @@ def test_foreign_tokenizer_takes_the_graft_weight_or_is_dropped(local):
     assert seq.completion_ids == ids and np.allclose(seq.logp_gen, local_logprobs(prompt_ids, ids, 1.0, 0, 1.0))
     assert weights(mean_local - 0.5).groups[0].sequences[0].seq_weight == 1.0  # s > 1 is capped at 1
     far = weights(mean_local + 0.5)  # s = 0.61 < 0.8
-    assert far.groups == [] and far.rejected["graft_weight"] == 4 and str(GRAFT_MIN_WEIGHT) in far.details["graft_weight"]
+    assert (
+        far.groups == [] and far.rejected["graft_weight"] == 4 and str(GRAFT_MIN_WEIGHT) in far.details["graft_weight"]
+    )
 
     textless = packet(tokenizer, fingerprint="f" * 32, with_text=False)
     assert make_admission(local).admit(PEER, textless, 5).rejected["no_text"] == 8

@@ -23,8 +23,16 @@ def test_status_history_and_peers_reflect_the_loop(served):
     status.peer_update("peerA", packets=1, samples_admitted=12, last_round=7, offpolicy={"ess": 0.9})
     status.peer_update("peerA", packets=1, samples_admitted=12, last_round=8)
     status.record_round(
-        RoundRecord(round=7, started_at=0.0, seconds=1.5, reward_mean=0.25, own_samples=96,
-                    peer_samples=24, peers_answered=1, metrics={"loss": -0.1}),
+        RoundRecord(
+            round=7,
+            started_at=0.0,
+            seconds=1.5,
+            reward_mean=0.25,
+            own_samples=96,
+            peer_samples=24,
+            peers_answered=1,
+            metrics={"loss": -0.1},
+        ),
         adapter_version="abc123",
     )
     with httpx.Client(base_url=server.url, timeout=5) as client:
@@ -39,7 +47,7 @@ def test_status_history_and_peers_reflect_the_loop(served):
         assert [r["round"] for r in client.get("/history").json()] == [7]
         assert client.get("/healthz").json()["ok"] is True
         page = client.get("/")
-        assert page.status_code == 200 and "ftis-node" in page.text and "fetch(\"status\")" in page.text
+        assert page.status_code == 200 and "ftis-node" in page.text and 'fetch("status")' in page.text
 
 
 def test_port_in_use_gives_a_clear_error(served):

@@ -35,8 +35,17 @@ from node.bench.suite import (
 
 def test_describe_machine() -> None:
     m = describe_machine()
-    for key in ("cpu_model", "cores_logical", "cores_usable", "memory", "gpus", "python", "versions",
-                "torch_threads", "date_utc"):
+    for key in (
+        "cpu_model",
+        "cores_logical",
+        "cores_usable",
+        "memory",
+        "gpus",
+        "python",
+        "versions",
+        "torch_threads",
+        "date_utc",
+    ):
         assert key in m, key
     assert m["cores_logical"] > 0 and 0 < m["cores_usable"] <= m["cores_logical"]
     assert m["memory"]["total_gib"] > 0
@@ -68,8 +77,12 @@ def report(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     out = tmp_path_factory.mktemp("report")
     result = run_specs(specs, quick=True, command="ftis-node bench all --quick", progress=None)
     write_report(result, out / "bench.json", out / "docs" / "benchmarks.md")
-    return {"result": result, "json": out / "bench.json", "md": out / "docs" / "benchmarks.md",
-            "model": str(tiny_model_dir)}
+    return {
+        "result": result,
+        "json": out / "bench.json",
+        "md": out / "docs" / "benchmarks.md",
+        "model": str(tiny_model_dir),
+    }
 
 
 def test_every_benchmark_ran(report: dict) -> None:
@@ -121,7 +134,10 @@ def test_json_report(report: dict) -> None:
     assert doc["command"] == "ftis-node bench all --quick" and doc["quick"] is True
     assert doc["machine"]["cores_usable"] > 0
     assert doc["settings"]["engines"]["max_tokens"] == 6
-    assert doc["benchmarks"]["protocol"]["bytes_per_token"] == report["result"]["benchmarks"]["protocol"]["bytes_per_token"]
+    assert (
+        doc["benchmarks"]["protocol"]["bytes_per_token"]
+        == report["result"]["benchmarks"]["protocol"]["bytes_per_token"]
+    )
     assert list(doc["elapsed_s"]) == list(BENCH_NAMES)
     verdicts = {g["figure"]: g for g in doc["goals"]}
     bpt = verdicts["bytes per token (vocab 151,646, no zstd)"]
@@ -139,8 +155,14 @@ def test_json_report(report: dict) -> None:
 def test_markdown_report(report: dict) -> None:
     md = report["md"].read_text()
     assert md.startswith("# Benchmarks\n")
-    for heading in ("## Machine", "## Goals", "## Wire protocol", "## Training step", "## Gather latency",
-                    "## Rollout engines"):
+    for heading in (
+        "## Machine",
+        "## Goals",
+        "## Wire protocol",
+        "## Training step",
+        "## Gather latency",
+        "## Rollout engines",
+    ):
         assert heading in md, heading
     assert "median over repeats" in md and "side by side in the same run" in md
     assert REGENERATE in md

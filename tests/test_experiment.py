@@ -97,10 +97,15 @@ def test_paper_gpu_config_loads_and_fails_fast_without_its_data(tmp_path):
 
 def test_config_accepts_file_tasks_and_rejects_bad_settings(tmp_path):
     gsm = tmp_path / "gsm.jsonl"
-    gsm.write_text("".join(json.dumps({"question": f"What is {i}+1?", "answer": f"... #### {i + 1}"}) + "\n"
-                           for i in range(5)))
-    cfg = ExperimentConfig(pairs=[{"name": "big", "nodes": [{"model": "org/a"}, {"model": "org/b"}]}],
-                           task=f"gsm8k:{gsm}", eval_tasks={"gsm": f"gsm8k:{gsm}"}, variants="f-tis")
+    gsm.write_text(
+        "".join(json.dumps({"question": f"What is {i}+1?", "answer": f"... #### {i + 1}"}) + "\n" for i in range(5))
+    )
+    cfg = ExperimentConfig(
+        pairs=[{"name": "big", "nodes": [{"model": "org/a"}, {"model": "org/b"}]}],
+        task=f"gsm8k:{gsm}",
+        eval_tasks={"gsm": f"gsm8k:{gsm}"},
+        variants="f-tis",
+    )
     assert cfg.pairs[0].labels == ("org/a", "org/b") and cfg.variants == ["f-tis"]
     evals = eval_set("gsm", cfg.eval_tasks["gsm"], n=3)
     assert [p.task_id for p in evals.problems] == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]  # file order
@@ -135,8 +140,18 @@ def test_config_accepts_file_tasks_and_rejects_bad_settings(tmp_path):
 @pytest.mark.timeout(300)
 def test_smoke_run_writes_consistent_outputs_and_dht_agrees(tmp_path):
     results = run_experiment(
-        tmp_path / "exp", pairs=["size"], variants=["alone", "f-tis"], seeds=[0], rounds=2, eval_every=1,
-        eval_problems=8, prompts_per_round=2, group_size=4, max_tokens=10, dht_check=True, dht_rounds=2,
+        tmp_path / "exp",
+        pairs=["size"],
+        variants=["alone", "f-tis"],
+        seeds=[0],
+        rounds=2,
+        eval_every=1,
+        eval_problems=8,
+        prompts_per_round=2,
+        group_size=4,
+        max_tokens=10,
+        dht_check=True,
+        dht_rounds=2,
         command="pytest smoke",
     )
     out = tmp_path / "exp"
@@ -153,7 +168,9 @@ def test_smoke_run_writes_consistent_outputs_and_dht_agrees(tmp_path):
     assert labels == list(BUILTIN_PAIRS["size"].labels)
     for variant, run in runs.items():
         for node in run["nodes"]:
-            assert set(node["evals"]) == {"id", "ood", "id-sampled", "ood-sampled"} and node["build"].startswith(node["model"])
+            assert set(node["evals"]) == {"id", "ood", "id-sampled", "ood-sampled"} and node["build"].startswith(
+                node["model"]
+            )
             for name, curve in node["evals"].items():
                 assert [s for s, _ in curve] == steps
                 draws = 8 * (4 if name.endswith("-sampled") else 1)  # 8 problems, 4 samples each
@@ -201,8 +218,7 @@ def test_greedy_pass_at_1_matches_plain_greedy_decoding(tmp_path):
     from node.models import load_model
 
     evals = eval_set("id", "toy", n=24, seed=3)
-    node = Node(NodeConfig(name="e", data_dir=tmp_path / "e", model="tiny-s", api_port=None),
-                use_swarm=False).setup()
+    node = Node(NodeConfig(name="e", data_dir=tmp_path / "e", model="tiny-s", api_port=None), use_swarm=False).setup()
     try:
         acc = greedy_pass_at_1(node, evals, max_tokens=12)
     finally:
@@ -211,8 +227,14 @@ def test_greedy_pass_at_1_matches_plain_greedy_decoding(tmp_path):
     right = 0
     for p in evals.problems:  # one prompt at a time: no padding at all
         ids = torch.tensor([tok(p.prompt, add_special_tokens=False)["input_ids"]])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        right += evals.task.reward(p, tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        right += evals.task.reward(p, tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
     assert acc == right / len(evals)
     assert 0 < acc < 1  # the warm-started model gets some, not all: the check has teeth

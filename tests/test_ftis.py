@@ -399,8 +399,9 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="logp_gen must be finite"):
         ftis_loss(logp, bad_gen, adv, mask, cfg)
     with pytest.raises(ValueError, match="not both"):
-        ftis_loss(logp, logp_gen, adv, mask, cfg, group_ids=torch.zeros(3, dtype=torch.long),
-                  sequence_scale=torch.ones(3))
+        ftis_loss(
+            logp, logp_gen, adv, mask, cfg, group_ids=torch.zeros(3, dtype=torch.long), sequence_scale=torch.ones(3)
+        )
     with pytest.raises(ValueError, match="seq_weights must be finite and >= 0"):
         ftis_loss(logp, logp_gen, adv, mask, cfg, seq_weights=torch.tensor([1.0, -1.0, 1.0]))
     with pytest.raises(ValueError, match="empty batch"):

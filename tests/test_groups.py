@@ -8,8 +8,9 @@ from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups
 
 
 def group(source: str, task: int, size: int = 4, rewards=None) -> ScoredGroup:
-    g = ScoredGroup(source=source, task_id=f"toy/id/{task}", generator="m", prompt_ids=[1, 2],
-                    temperature=1.0, top_k=0, top_p=1.0)
+    g = ScoredGroup(
+        source=source, task_id=f"toy/id/{task}", generator="m", prompt_ids=[1, 2], temperature=1.0, top_k=0, top_p=1.0
+    )
     for r in rewards or [0.0, 1.0] * (size // 2):
         g.sequences.append(ScoredSequence([3], np.zeros(1, np.float32), r))
     return g
@@ -30,4 +31,3 @@ def test_share_zero_and_one():
     assert mix_groups(own, peers, 0.0, random.Random(0)) == (own, 2)
     batch, left_out = mix_groups(own, peers, 1.0, random.Random(0))
     assert len(batch) == 3 and left_out == 0
-

@@ -135,7 +135,9 @@ def test_tokenizer_ids_agree_across_loaders(tmp_path: Path) -> None:
     raw = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     for text in VARIED_TEXT:
         ids = auto(text, add_special_tokens=False)["input_ids"]
-        assert ids == fast(text, add_special_tokens=False)["input_ids"] == raw.encode(text, add_special_tokens=False).ids
+        assert (
+            ids == fast(text, add_special_tokens=False)["input_ids"] == raw.encode(text, add_special_tokens=False).ids
+        )
         assert auto.decode(ids) == text  # byte-level: lossless, specials included
     assert auto("<|endoftext|>")["input_ids"] == [auto.eos_token_id] == [0]
     assert auto.pad_token == "<|pad|>" and auto.pad_token_id == 1
@@ -199,8 +201,14 @@ def test_warm_start_is_deterministic_and_learns() -> None:
 
 def test_build_keys_separate_what_decides_the_weights() -> None:
     assert tiny_build_key("tiny-s") == tiny_build_key("tiny-s")
-    keys = {tiny_build_key("tiny-s"), tiny_build_key("tiny-s", skill="add"), tiny_build_key("tiny-s", skill="sub"),
-            tiny_build_key("tiny-s", warm_start=False), tiny_build_key("tiny-m"), tiny_build_key("tiny-alt")}
+    keys = {
+        tiny_build_key("tiny-s"),
+        tiny_build_key("tiny-s", skill="add"),
+        tiny_build_key("tiny-s", skill="sub"),
+        tiny_build_key("tiny-s", warm_start=False),
+        tiny_build_key("tiny-m"),
+        tiny_build_key("tiny-alt"),
+    }
     assert len(keys) == 6
     with pytest.raises(ModelLoadError, match="valid"):
         tiny_build_key("tiny-xl")
@@ -243,7 +251,7 @@ def test_tiny_s_reward_is_inside_the_target_band(tiny_s: Path) -> None:
     prompt = tokenizer(["34+58="] * 64, return_tensors="pt")
     torch.manual_seed(0)
     out = model.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=0, pad_token_id=tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(out[:, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts = tokenizer.batch_decode(out[:, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     opened = sum(t.startswith("<answer>") for t in texts) / len(texts)
     closed = sum(t.endswith("</answer>") for t in texts) / len(texts)
     assert opened >= 0.9 and 0.2 <= closed <= 0.9, (opened, closed, texts[:8])
@@ -270,10 +278,14 @@ def test_tiny_alt_uses_another_tokenizer(model_cache: Path) -> None:
 
 def test_concurrent_builds_of_one_model_agree(tmp_path: Path) -> None:
     """Two processes build the same model at once: one builds, the other waits and reuses."""
-    code = ("import sys; from node.models import build_tiny; "
-            "print(build_tiny('tiny-s', cache_dir=sys.argv[1], warm_start=False))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    code = (
+        "import sys; from node.models import build_tiny; "
+        "print(build_tiny('tiny-s', cache_dir=sys.argv[1], warm_start=False))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1] and Path(outs[0]).is_dir()
@@ -326,7 +338,7 @@ def test_smollm2_embedded_converts_and_answers(tmp_path: Path, monkeypatch) -> N
     messages = [{"role": "user", "content": "What is 7 + 5?"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=24, do_sample=False)
-    assert "12" in tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "12" in tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 # ---------------------------------------------------------------- the other sizes (slow)

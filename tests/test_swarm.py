@@ -22,12 +22,12 @@ import psutil
 import pytest
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MPFuture, MSGPackSerializer
+from swarm_peer import payload, sha
 
 from node.swarm import RejectReason, Swarm, SwarmConfig, SwarmError, SwarmStartError
 from node.swarm.dht import MAX_RECORD_BYTES, dht_time
 from node.swarm.records import BodyStore, PacketRecord, PacketRecordValidator
 from protocol.keys import round_at, round_key
-from swarm_peer import payload, sha
 
 HELPER = Path(__file__).with_name("swarm_peer.py")
 SWARM_ID = "test-swarm"
@@ -37,8 +37,9 @@ VALID_PEER_ID = "QmeshwnkVXRGw19PS1erBdJFiFprfSps9a2MUq1RVGrN9K"
 
 
 def local_config(**overrides) -> SwarmConfig:
-    base = dict(swarm_id=SWARM_ID, host="127.0.0.1", port=0, startup_timeout=30, bootstrap_attempts=3,
-                bootstrap_backoff_s=0.2)
+    base = dict(
+        swarm_id=SWARM_ID, host="127.0.0.1", port=0, startup_timeout=30, bootstrap_attempts=3, bootstrap_backoff_s=0.2
+    )
     return SwarmConfig(**{**base, **overrides})
 
 
@@ -88,7 +89,9 @@ class Peer:
         try:
             return json.loads(self._lines.get(timeout=timeout))
         except queue.Empty:
-            raise AssertionError(f"{self.name} did not answer in {timeout} s; log:\n{self.log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"{self.name} did not answer in {timeout} s; log:\n{self.log.read_text()[-3000:]}"
+            ) from None
 
     def ready(self, timeout: float = 90) -> dict:
         self.info = self.read(timeout)
@@ -215,8 +218,9 @@ def test_forged_write_into_another_owner_slot_is_rejected(net):
     genuine = (peers["B"].peer_id, rnd, SMALL, sha(payload(21, SMALL)))
 
     fake = payload(22, SMALL)
-    forged = PacketRecord(round=rnd, peer=peers["B"].peer_id, size=len(fake), sha256=bytes.fromhex(sha(fake)),
-                          body=fake).to_wire()
+    forged = PacketRecord(
+        round=rnd, peer=peers["B"].peer_id, size=len(fake), sha256=bytes.fromhex(sha(fake)), body=fake
+    ).to_wire()
     later = dht_time() + 120  # a newer expiration would win if the record were accepted
     assert a.dht.store(key, forged, later, subkey=b_owner) is False  # unsigned
     # with a signature made by A's key spliced in (RSASignatureValidator looks for this marker)

@@ -33,10 +33,22 @@ from node.tasks import (
 
 @pytest.mark.parametrize(
     ("predicted", "reference"),
-    [("12", "12"), ("12.0", "12"), ("12.00", "12.0"), ("1,200", "1200"), ("-3", "-3.0"),
-     ("3/4", "0.75"), ("\\frac{3}{4}", "0.75"), ("$42$", "42"), ("42.", "42"), ("1e3", "1000"),
-     ("\\dfrac{1}{2}", "\\frac{1}{2}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-     ("50\\%", "50"), ("10 \\text{ cm}", "10")],
+    [
+        ("12", "12"),
+        ("12.0", "12"),
+        ("12.00", "12.0"),
+        ("1,200", "1200"),
+        ("-3", "-3.0"),
+        ("3/4", "0.75"),
+        ("\\frac{3}{4}", "0.75"),
+        ("$42$", "42"),
+        ("42.", "42"),
+        ("1e3", "1000"),
+        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+        ("50\\%", "50"),
+        ("10 \\text{ cm}", "10"),
+    ],
 )
 def test_answers_match_equivalent_spellings(predicted: str, reference: str) -> None:
     assert answers_match(predicted, reference)
@@ -44,8 +56,16 @@ def test_answers_match_equivalent_spellings(predicted: str, reference: str) -> N
 
 @pytest.mark.parametrize(
     ("predicted", "reference"),
-    [("13", "12"), ("1,2", "12"), ("0.333", "1/3"), ("12", "x"), ("", ""), ("1/0", "1"), ("-12", "12"),
-     ("\\frac{3}{5}", "0.75")],
+    [
+        ("13", "12"),
+        ("1,2", "12"),
+        ("0.333", "1/3"),
+        ("12", "x"),
+        ("", ""),
+        ("1/0", "1"),
+        ("-12", "12"),
+        ("\\frac{3}{5}", "0.75"),
+    ],
 )
 def test_answers_match_rejects_different_answers(predicted: str, reference: str) -> None:
     assert not answers_match(predicted, reference)
@@ -59,17 +79,19 @@ def test_parse_number_is_exact_for_decimals() -> None:
 
 @pytest.mark.parametrize(
     ("completion", "reward"),
-    [("<answer>19</answer>", 1.0),
-     ("<answer> 19 </answer>", 1.0),
-     ("We add: 12+7 is 19.\n<answer>19.0</answer>", 1.0),
-     ("<answer>19</answer><|endoftext|>", 1.0),
-     ("<answer>20</answer>", 0.0),          # wrong
-     ("19", 0.0),                           # right number, no tags
-     ("<answer>19", 0.0),                   # unclosed
-     ("<answer></answer>", 0.0),            # empty
-     ("<answer>19</answer><answer>20</answer>", 0.0),  # hedging with two answers
-     ("<answer>19</answer><answer>19</answer>", 0.0),  # two pairs is bad format even if equal
-     ("<ANSWER>19</ANSWER>", 0.0)],
+    [
+        ("<answer>19</answer>", 1.0),
+        ("<answer> 19 </answer>", 1.0),
+        ("We add: 12+7 is 19.\n<answer>19.0</answer>", 1.0),
+        ("<answer>19</answer><|endoftext|>", 1.0),
+        ("<answer>20</answer>", 0.0),  # wrong
+        ("19", 0.0),  # right number, no tags
+        ("<answer>19", 0.0),  # unclosed
+        ("<answer></answer>", 0.0),  # empty
+        ("<answer>19</answer><answer>20</answer>", 0.0),  # hedging with two answers
+        ("<answer>19</answer><answer>19</answer>", 0.0),  # two pairs is bad format even if equal
+        ("<ANSWER>19</ANSWER>", 0.0),
+    ],
 )
 def test_tagged_reward(completion: str, reward: float) -> None:
     assert tagged_reward(completion, "19") == reward
@@ -106,10 +128,18 @@ def test_ids_regenerate_in_another_process() -> None:
     ids = [ToyTask("id").sample(random.Random(i)) for i in range(5)] + ["toy/ood/9"]
     gym = get_task("gym:chain_sum?seed=2")
     ids += [gym.sample(random.Random(i)) for i in range(3)]
-    code = ("import json, sys; from node.tasks import task_for_id; "
-            "print(json.dumps([task_for_id(i).problem(i).model_dump() for i in json.loads(sys.argv[1])]))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(ids)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True, timeout=60)
+    code = (
+        "import json, sys; from node.tasks import task_for_id; "
+        "print(json.dumps([task_for_id(i).problem(i).model_dump() for i in json.loads(sys.argv[1])]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(ids)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        check=True,
+        timeout=60,
+    )
     assert json.loads(out.stdout) == [task_for_id(i).problem(i).model_dump() for i in ids]
 
 
@@ -119,7 +149,7 @@ def test_toy_answers_are_correct_and_format_is_short() -> None:
         for p in task.sample_problems(random.Random(1), 200):
             expr = p.prompt.removesuffix("=")
             assert p.prompt.endswith("=") and len(p.prompt) <= 12
-            assert eval(expr, {"__builtins__": {}}) == int(p.answer) >= 0  # noqa: S307 - digits and +/- only
+            assert eval(expr, {"__builtins__": {}}) == int(p.answer) >= 0
             assert task.reward(p, toy_completion(p.answer)) == 1.0
             assert task.reward(p, toy_completion(str(int(p.answer) + 1))) == 0.0
             assert task.reward(p, p.answer) == 0.0
@@ -207,10 +237,13 @@ def _write_jsonl(path, records) -> None:
 
 def test_gsm8k_from_jsonl(tmp_path) -> None:
     path = tmp_path / "train.jsonl"
-    _write_jsonl(path, [
-        {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"},
-        {"question": "A farm sells 1,000 eggs twice.", "answer": "1000*2=2000\n#### 2,000"},
-    ])
+    _write_jsonl(
+        path,
+        [
+            {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"},
+            {"question": "A farm sells 1,000 eggs twice.", "answer": "1000*2=2000\n#### 2,000"},
+        ],
+    )
     task = get_task(f"gsm8k:{path}")
     assert isinstance(task, JsonlTask) and len(task) == 2
     p = task.problem("gsm8k/1")
@@ -228,10 +261,13 @@ def test_gsm8k_from_jsonl(tmp_path) -> None:
 
 def test_math500_from_jsonl_answer_or_boxed(tmp_path) -> None:
     path = tmp_path / "math500.jsonl"
-    _write_jsonl(path, [
-        {"problem": "Simplify 6/8.", "answer": "\\frac{3}{4}", "level": 1},
-        {"problem": "What is 2^3?", "solution": "We get $2^3 = \\boxed{8}$."},
-    ])
+    _write_jsonl(
+        path,
+        [
+            {"problem": "Simplify 6/8.", "answer": "\\frac{3}{4}", "level": 1},
+            {"problem": "What is 2^3?", "solution": "We get $2^3 = \\boxed{8}$."},
+        ],
+    )
     task = get_task(f"math500:{path}")
     assert task.problem("math500/0").answer == "\\frac{3}{4}"
     assert task.problem("math500/1").answer == "8"

@@ -99,8 +99,13 @@ def test_per_source_stats_and_the_filter(tiny_model_dir: Path, batch: TrainBatch
     """A "peer" whose recorded log-probs say p = 1 everywhere is far from the local policy:
     its negative-advantage sequences are filtered, positive ones kept, own ones untouched."""
     peer = [
-        s.model_copy(update={"logp_gen": np.zeros(len(s.completion_ids), np.float32), "source": "peer",
-                             "group_id": s.group_id + 1000})
+        s.model_copy(
+            update={
+                "logp_gen": np.zeros(len(s.completion_ids), np.float32),
+                "source": "peer",
+                "group_id": s.group_id + 1000,
+            }
+        )
         for s in batch.sequences
     ]
     mixed = TrainBatch(sequences=[*batch.sequences, *peer])

@@ -65,8 +65,14 @@ def _save_adapters(reference: Any, out: Path, rank: int, seed: int) -> tuple[Any
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, init_lora_weights=False,
-                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(reference, cfg)
     paths = []
     for i in range(2):
@@ -130,8 +136,16 @@ def _generation(engine: Any, prompts: list[str], n: int, sampling: Any, repeats:
     }
 
 
-def _bench_one(engine_name: str, model: str | Path, prompts: list[str], n: int, sampling: Any,
-               repeats: int, lora_rank: int, seed: int) -> dict[str, Any]:
+def _bench_one(
+    engine_name: str,
+    model: str | Path,
+    prompts: list[str],
+    n: int,
+    sampling: Any,
+    repeats: int,
+    lora_rank: int,
+    seed: int,
+) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -229,8 +243,13 @@ def run_engine_bench(
     """
     if isinstance(models, (str, Path)) or not models:
         raise ValueError(f"models must be a non-empty list of model names or folders, got {models!r}")
-    for label, value in (("prompts", prompts), ("n", n), ("max_tokens", max_tokens), ("repeats", repeats),
-                         ("lora_rank", lora_rank)):
+    for label, value in (
+        ("prompts", prompts),
+        ("n", n),
+        ("max_tokens", max_tokens),
+        ("repeats", repeats),
+        ("lora_rank", lora_rank),
+    ):
         if value < 1:
             raise ValueError(f"{label} must be >= 1, got {value}")
     if threads is not None and threads < 1:
@@ -251,9 +270,16 @@ def run_engine_bench(
         used_threads = torch.get_num_threads()
         result: dict[str, Any] = {
             "settings": {
-                "prompts": prompts, "n": n, "max_tokens": max_tokens, "repeats": repeats,
-                "temperature": temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                "lora_rank": lora_rank, "torch_threads": used_threads, "seed": seed,
+                "prompts": prompts,
+                "n": n,
+                "max_tokens": max_tokens,
+                "repeats": repeats,
+                "temperature": temperature,
+                "top_k": sampling.top_k,
+                "top_p": sampling.top_p,
+                "lora_rank": lora_rank,
+                "torch_threads": used_threads,
+                "seed": seed,
             },
             "hf": {str(m): _bench_one("hf", m, texts, n, sampling, repeats, lora_rank, seed) for m in models},
         }

@@ -12,13 +12,13 @@ packets. Medians are over nodes and rounds.
 
 from __future__ import annotations
 
-import json
 import secrets
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from node.swarm import Swarm, SwarmConfig
 from protocol.keys import round_at

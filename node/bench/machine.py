@@ -100,5 +100,5 @@ def describe_machine() -> dict[str, Any]:
         "python_executable": sys.executable,
         "versions": {p: _version(p) for p in _PACKAGES},
         "torch_threads": torch.get_num_threads(),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }

@@ -95,8 +95,7 @@ def _round_trip(r: dict[str, Any]) -> float:
 
 
 GOALS: tuple[Goal, ...] = (
-    Goal("protocol", "bytes per token (vocab 151,646, no zstd)", lambda r: r["bytes_per_token"], "<=", 4.5,
-         "B/token"),
+    Goal("protocol", "bytes per token (vocab 151,646, no zstd)", lambda r: r["bytes_per_token"], "<=", 4.5, "B/token"),
     Goal("protocol", "encode + decode (validated), one packet", _round_trip, ">=", 20.0, "M tokens/s"),
     Goal("train", "F-TIS step overhead vs plain GRPO", lambda r: r["loss_overhead_vs_grpo"], "<=", 0.05, ""),
     Goal("train", "F-TIS step time / TRL GRPOTrainer step time", lambda r: r["ratio_vs_trl"], "<=", 1.0, "x"),
@@ -119,8 +118,17 @@ def evaluate_goals(benches: dict[str, dict[str, Any]], goals: Iterable[Goal] = G
         if value is not None and not math.isfinite(value):
             value = None
         passed = None if value is None else (value <= g.target if g.op == "<=" else value >= g.target)
-        verdicts.append({"bench": g.bench, "figure": g.figure, "op": g.op, "target": g.target, "unit": g.unit,
-                         "value": value, "passed": passed})
+        verdicts.append(
+            {
+                "bench": g.bench,
+                "figure": g.figure,
+                "op": g.op,
+                "target": g.target,
+                "unit": g.unit,
+                "value": value,
+                "passed": passed,
+            }
+        )
     return verdicts
 
 
@@ -153,7 +161,7 @@ def run_specs(
         try:
             benches[spec.name] = spec.run()
             outcome = "done"
-        except Exception as exc:  # noqa: BLE001 (recorded in the report, with its traceback)
+        except Exception as exc:
             benches[spec.name] = {
                 "error": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=8),
@@ -294,11 +302,17 @@ def _protocol_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ms = lambda k: f"{_fmt(_get(r, k) and _get(r, k) * 1e3, '.1f')} ms"  # noqa: E731
     return [
-        ("model", f"{_fmt(_get(r, 'model'))} ({_fmt(_get(r, 'n_params'), ',')} params), "
-                  f"LoRA r{_fmt(_get(r, 'lora_rank'))} ({_fmt(_get(r, 'lora_params'), ',')} trainable)"),
-        ("batch", f"{_fmt(_get(r, 'batch'))} sequences = {_fmt(_get(r, 'prompts'))} prompts x "
-                  f"{_fmt(_get(r, 'group_size'))}, {_fmt(_get(r, 'tokens_per_step'))} completion tokens/step, "
-                  f"{_fmt(_get(r, 'torch_threads'))} torch threads"),
+        (
+            "model",
+            f"{_fmt(_get(r, 'model'))} ({_fmt(_get(r, 'n_params'), ',')} params), "
+            f"LoRA r{_fmt(_get(r, 'lora_rank'))} ({_fmt(_get(r, 'lora_params'), ',')} trainable)",
+        ),
+        (
+            "batch",
+            f"{_fmt(_get(r, 'batch'))} sequences = {_fmt(_get(r, 'prompts'))} prompts x "
+            f"{_fmt(_get(r, 'group_size'))}, {_fmt(_get(r, 'tokens_per_step'))} completion tokens/step, "
+            f"{_fmt(_get(r, 'torch_threads'))} torch threads",
+        ),
         ("F-TIS step (our Trainer)", ms("ftis_step_s")),
         ("NoIS step (same Trainer)", ms("nois_step_s")),
         ("plain GRPO step (same model + optimizer)", ms("grpo_step_s")),
@@ -313,20 +327,33 @@ def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 def _gather_section(r: dict[str, Any], goals: list[dict[str, Any]]) -> list[str]:
     rows = []
     for n, s in (_get(r, "by_size") or {}).items():
-        rows.append((n, _fmt(s.get("gather_s_median"), ".3f"), _fmt(s.get("gather_s_p90"), ".3f"),
-                     _fmt(s.get("gather_s_max"), ".3f"), _fmt(s.get("publish_s_median"), ".3f"),
-                     f"{_fmt(s.get('incomplete_gathers'))}/{_fmt(s.get('gathers'))}"))
-    lines = [f"{_fmt(_get(r, 'rounds'))} rounds per swarm size, packets of {_fmt(_get(r, 'packet_bytes'), ',')} "
-             "bytes; each node is a real hivemind DHT on 127.0.0.1.", ""]
+        rows.append(
+            (
+                n,
+                _fmt(s.get("gather_s_median"), ".3f"),
+                _fmt(s.get("gather_s_p90"), ".3f"),
+                _fmt(s.get("gather_s_max"), ".3f"),
+                _fmt(s.get("publish_s_median"), ".3f"),
+                f"{_fmt(s.get('incomplete_gathers'))}/{_fmt(s.get('gathers'))}",
+            )
+        )
+    lines = [
+        f"{_fmt(_get(r, 'rounds'))} rounds per swarm size, packets of {_fmt(_get(r, 'packet_bytes'), ',')} "
+        "bytes; each node is a real hivemind DHT on 127.0.0.1.",
+        "",
+    ]
     lines += _table(("nodes", "gather median (s)", "p90 (s)", "max (s)", "publish median (s)", "incomplete"), rows)
     return lines + _figures_table([], goals)
 
 
 def _engines_section(r: dict[str, Any]) -> list[str]:
     s = r.get("settings", {})
-    lines = [f"{_fmt(s.get('prompts'))} prompts x n={_fmt(s.get('n'))}, at most {_fmt(s.get('max_tokens'))} new "
-             f"tokens, temperature {_fmt(s.get('temperature'), 'g')}, {_fmt(s.get('torch_threads'))} torch "
-             f"threads, LoRA r{_fmt(s.get('lora_rank'))}.", ""]
+    lines = [
+        f"{_fmt(s.get('prompts'))} prompts x n={_fmt(s.get('n'))}, at most {_fmt(s.get('max_tokens'))} new "
+        f"tokens, temperature {_fmt(s.get('temperature'), 'g')}, {_fmt(s.get('torch_threads'))} torch "
+        f"threads, LoRA r{_fmt(s.get('lora_rank'))}.",
+        "",
+    ]
     rows = []
     others = []
     for engine, per_model in r.items():
@@ -339,24 +366,43 @@ def _engines_section(r: dict[str, Any]) -> list[str]:
             if "error" in m:
                 rows.append((engine, model, f"error: {m['error']}", *[""] * 7))
                 continue
-            rows.append((
-                engine, model, _fmt(m.get("n_params"), ","), _fmt(m.get("load_s"), ".2f"),
-                _fmt(m.get("tokens_per_s"), ".0f"), _fmt(m.get("tokens_per_s_lora"), ".0f"),
-                _fmt(m.get("mean_completion_tokens"), ".1f"),
-                f"{_fmt(m.get('adapter_first_load_s') and m['adapter_first_load_s'] * 1e3, '.1f')} / "
-                f"{_fmt(m.get('adapter_reload_s') and m['adapter_reload_s'] * 1e3, '.1f')}",
-                f"{_fmt(m.get('logprob_max_abs_diff'), '.1e')} / {_fmt(m.get('logprob_max_abs_diff_lora'), '.1e')}",
-                _fmt(m.get("adapter_shift_mean_abs"), ".3f"),
-            ))
-    header = ("engine", "model", "params", "load (s)", "tokens/s", "tokens/s + LoRA", "mean length",
-              "adapter load / reload (ms)", "max abs Δ logp, base / LoRA", "adapter shift")
+            rows.append(
+                (
+                    engine,
+                    model,
+                    _fmt(m.get("n_params"), ","),
+                    _fmt(m.get("load_s"), ".2f"),
+                    _fmt(m.get("tokens_per_s"), ".0f"),
+                    _fmt(m.get("tokens_per_s_lora"), ".0f"),
+                    _fmt(m.get("mean_completion_tokens"), ".1f"),
+                    f"{_fmt(m.get('adapter_first_load_s') and m['adapter_first_load_s'] * 1e3, '.1f')} / "
+                    f"{_fmt(m.get('adapter_reload_s') and m['adapter_reload_s'] * 1e3, '.1f')}",
+                    f"{_fmt(m.get('logprob_max_abs_diff'), '.1e')} / {_fmt(m.get('logprob_max_abs_diff_lora'), '.1e')}",
+                    _fmt(m.get("adapter_shift_mean_abs"), ".3f"),
+                )
+            )
+    header = (
+        "engine",
+        "model",
+        "params",
+        "load (s)",
+        "tokens/s",
+        "tokens/s + LoRA",
+        "mean length",
+        "adapter load / reload (ms)",
+        "max abs Δ logp, base / LoRA",
+        "adapter shift",
+    )
     lines += _table(header, rows)
     lines += others + ([""] if others else [])
-    lines += ["Tokens/s counts the completion tokens the engine returned; a completion that stops on EOS "
-              "counts only its own, so read it together with the mean length. Δ logp: the log-prob the engine "
-              "recorded minus the trainer's recompute (`sequence_logprobs`, an independently loaded copy of the "
-              "model). Adapter shift: the mean log-prob change the adapter causes; it must be far above Δ logp, "
-              "or the engine ignored the adapter.", ""]
+    lines += [
+        "Tokens/s counts the completion tokens the engine returned; a completion that stops on EOS "
+        "counts only its own, so read it together with the mean length. Δ logp: the log-prob the engine "
+        "recorded minus the trainer's recompute (`sequence_logprobs`, an independently loaded copy of the "
+        "model). Adapter shift: the mean log-prob change the adapter causes; it must be far above Δ logp, "
+        "or the engine ignored the adapter.",
+        "",
+    ]
     return lines
 
 
@@ -394,23 +440,32 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "## Machine",
         "",
-        *_table(("", ""), [
-            ("CPU", f"{m.get('cpu_model')} ({', '.join(m.get('cpu_isa') or []) or 'no AVX'})"),
-            ("cores", f"{m.get('cores_usable')} usable of {m.get('cores_logical')}"),
-            ("memory", f"{mem.get('total_gib')} GiB ({mem.get('available_gib')} GiB available at start)"),
-            ("GPU", gpus),
-            ("OS", f"{m.get('os')} {m.get('machine')}"),
-            ("Python", m.get("python")),
-            ("libraries", versions),
-            ("torch threads (default)", m.get("torch_threads")),
-        ]),
+        *_table(
+            ("", ""),
+            [
+                ("CPU", f"{m.get('cpu_model')} ({', '.join(m.get('cpu_isa') or []) or 'no AVX'})"),
+                ("cores", f"{m.get('cores_usable')} usable of {m.get('cores_logical')}"),
+                ("memory", f"{mem.get('total_gib')} GiB ({mem.get('available_gib')} GiB available at start)"),
+                ("GPU", gpus),
+                ("OS", f"{m.get('os')} {m.get('machine')}"),
+                ("Python", m.get("python")),
+                ("libraries", versions),
+                ("torch threads (default)", m.get("torch_threads")),
+            ],
+        ),
         "## Goals",
         "",
-        *_table(("benchmark", "figure", "value", "goal", "pass/fail"),
-                [(v["bench"], v["figure"], _goal_value(v), _goal_target(v), _verdict(v["passed"])) for v in goals]),
+        *_table(
+            ("benchmark", "figure", "value", "goal", "pass/fail"),
+            [(v["bench"], v["figure"], _goal_value(v), _goal_target(v), _verdict(v["passed"])) for v in goals],
+        ),
     ]
-    titles = {"protocol": "Wire protocol", "train": "Training step", "gather": "Gather latency",
-              "engines": "Rollout engines"}
+    titles = {
+        "protocol": "Wire protocol",
+        "train": "Training step",
+        "gather": "Gather latency",
+        "engines": "Rollout engines",
+    }
     for name, r in benches.items():
         took = _get(result, "elapsed_s", name)
         lines += [f"## {titles.get(name, name)} (`{name}`, {_fmt(took, '.0f')} s)", ""]
@@ -452,6 +507,9 @@ def format_suite(result: dict[str, Any]) -> str:
         else:
             parts.append(json.dumps(r, indent=2, default=_json_default))
     width = max(len(v["figure"]) for v in result["goals"]) if result["goals"] else 0
-    verdicts = [f"  {v['bench']:<9}{v['figure']:<{width}}  {_goal_value(v):>14}  {_goal_target(v):<14} "
-                f"{_verdict(v['passed']).strip('*')}" for v in result["goals"]]
+    verdicts = [
+        f"  {v['bench']:<9}{v['figure']:<{width}}  {_goal_value(v):>14}  {_goal_target(v):<14} "
+        f"{_verdict(v['passed']).strip('*')}"
+        for v in result["goals"]
+    ]
     return "\n\n".join([*parts, "Goals:\n" + "\n".join(verdicts)])

@@ -195,7 +195,7 @@ def _grpo_step(trainer: Any, batch: Any) -> float:
     Mirrors `Trainer.step` line for line minus what only F-TIS needs (logp_gen, the IS
     weight, the filter) and minus the off-policy metrics.
     """
-    from node.train.ftis import grpo_loss, group_mean_scale
+    from node.train.ftis import group_mean_scale, grpo_loss
 
     seqs = batch.sequences
     scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
@@ -253,7 +253,7 @@ class _TrlStep:
         timer = self
 
         class TimedGRPOTrainer(GRPOTrainer):
-            def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202 (TRL's signature)
+            def _generate_and_score_completions(self, inputs):
                 start = time.perf_counter()
                 out = super()._generate_and_score_completions(inputs)
                 timer.score_seconds = time.perf_counter() - start
@@ -429,7 +429,8 @@ def run_train_bench(
     `model` is anything `node.models.registry.resolve_model` takes (an alias such as
     tiny-m, a local folder, a Hub id). The batch is batch / group_size prompts x
     group_size completions. `progress`, if given, is called with a short line at each
-    stage (the whole run takes several seconds even for the tiny models). `threads` is torch's intra-op thread count for the run (None: every core this
+    stage (the whole run takes several seconds even for the tiny models). `threads` is
+    torch's intra-op thread count for the run (None: every core this
     process may use); torch's previous setting is restored afterwards. The default is
     1 because it is reproducible: with more threads than idle cores, OpenMP workers
     wait on each other and every kind slows down erratically (on a busy 2-core machine,
@@ -608,7 +609,8 @@ def format_train_bench(result: dict[str, Any]) -> str:
         f"  F-TIS overhead vs plain GRPO   {r['loss_overhead_vs_grpo']:+.1%} wall, "
         f"{cpu['loss_overhead_vs_grpo']:+.1%} cpu  (goal <= +5%)",
         f"  F-TIS overhead vs NoIS         {r['loss_overhead_vs_nois']:+.1%} wall",
-        f"  F-TIS / TRL step time          {r['ratio_vs_trl']:.2f}x wall, {cpu['ratio_vs_trl']:.2f}x cpu  (goal <= 1.0)",
+        f"  F-TIS / TRL step time          {r['ratio_vs_trl']:.2f}x wall, "
+        f"{cpu['ratio_vs_trl']:.2f}x cpu  (goal <= 1.0)",
         f"  loss alone, fwd+bwd            ftis_loss {lo['ftis_loss_s'] * 1e3:.2f} ms, "
         f"grpo_loss {lo['grpo_loss_s'] * 1e3:.2f} ms ({lo['overhead_vs_grpo']:+.0%})",
         f"  HF engine generate             {r['hf_engine_tokens_per_s']:.0f} tok/s "

@@ -38,7 +38,7 @@ class ExchangeHub:
         self._changed = threading.Condition()
         self._names: set[str] = set()
 
-    def endpoint(self, name: str) -> "InProcessExchange":
+    def endpoint(self, name: str) -> InProcessExchange:
         """A new member called `name` (its peer id is `inproc-<name>`; names are unique)."""
         if not name or not isinstance(name, str):
             raise ValueError(f"an endpoint needs a non-empty name, got {name!r}")

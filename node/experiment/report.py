@@ -57,12 +57,23 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             final, final_sd = _mean_spread(finals)
             best, best_sd = _mean_spread(bests)
             reward, reward_sd = _mean_spread(rewards)
-            rows.append({
-                "pair": pair, "node": index, "label": nodes[0]["label"], "split": split, "variant": variant,
-                "seeds": len(nodes), "initial": nodes[0]["evals"][split][0][1],
-                "final": final, "final_sd": final_sd, "best": best, "best_sd": best_sd,
-                "reward_last": reward, "reward_last_sd": reward_sd,
-            })
+            rows.append(
+                {
+                    "pair": pair,
+                    "node": index,
+                    "label": nodes[0]["label"],
+                    "split": split,
+                    "variant": variant,
+                    "seeds": len(nodes),
+                    "initial": nodes[0]["evals"][split][0][1],
+                    "final": final,
+                    "final_sd": final_sd,
+                    "best": best,
+                    "best_sd": best_sd,
+                    "reward_last": reward,
+                    "reward_last_sd": reward_sd,
+                }
+            )
     return rows
 
 
@@ -121,16 +132,21 @@ def render_markdown(results: dict[str, Any], rows: list[dict[str, Any]] | None =
     dht = results.get("dht_check")
     if dht:
         verdict = "identical" if dht["identical"] else ("agree" if dht["agree"] else "DISAGREE")
-        lines += ["## In-process vs real DHT", "",
-                  f"Pair `{dht['dht']['pair']}`, variant `{dht['dht']['variant']}`, seed {dht['dht']['seed']}, "
-                  f"{dht['dht']['rounds']} rounds through two hivemind DHTs on 127.0.0.1 and through the "
-                  f"in-process exchange: **{verdict}** (tolerance {dht['tolerance']}).", "",
-                  "| node | max abs diff reward | max abs diff loss | max abs diff accuracy "
-                  "| peer samples/round (min) |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "## In-process vs real DHT",
+            "",
+            f"Pair `{dht['dht']['pair']}`, variant `{dht['dht']['variant']}`, seed {dht['dht']['seed']}, "
+            f"{dht['dht']['rounds']} rounds through two hivemind DHTs on 127.0.0.1 and through the "
+            f"in-process exchange: **{verdict}** (tolerance {dht['tolerance']}).",
+            "",
+            "| node | max abs diff reward | max abs diff loss | max abs diff accuracy | peer samples/round (min) |",
+            "|---|---|---|---|---|",
+        ]
         for n in dht["nodes"]:
-            lines.append(f"| {n['label']} | {n['reward_max_abs_diff']:.3g} | {n['loss_max_abs_diff']:.3g} | "
-                         f"{n['accuracy_max_abs_diff']:.3g} | {n['min_peer_samples']} |")
+            lines.append(
+                f"| {n['label']} | {n['reward_max_abs_diff']:.3g} | {n['loss_max_abs_diff']:.3g} | "
+                f"{n['accuracy_max_abs_diff']:.3g} | {n['min_peer_samples']} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -143,7 +159,7 @@ def _band(curves: list[list[tuple[float, float]]]) -> tuple[np.ndarray, np.ndarr
 
 
 def _smooth(y: list[float], window: int) -> list[float]:
-    return [float(np.mean(y[max(0, i - window + 1): i + 1])) for i in range(len(y))]
+    return [float(np.mean(y[max(0, i - window + 1) : i + 1])) for i in range(len(y))]
 
 
 def plot_curves(results: dict[str, Any], path: str | Path, dpi: int = 80) -> Path:
@@ -173,8 +189,9 @@ def plot_curves(results: dict[str, Any], path: str | Path, dpi: int = 80) -> Pat
                 if col < len(splits):
                     curves = [[tuple(p) for p in n["evals"][splits[col]]] for n in nodes]
                 else:
-                    curves = [list(enumerate(_smooth([r["reward_mean"] for r in n["rounds"]], REWARD_WINDOW)))
-                              for n in nodes]
+                    curves = [
+                        list(enumerate(_smooth([r["reward_mean"] for r in n["rounds"]], REWARD_WINDOW))) for n in nodes
+                    ]
                 x, mean, low, high = _band(curves)
                 color = VARIANT_COLORS.get(v)
                 width = 2.0 if v in ("alone", "f-tis") else 1.2

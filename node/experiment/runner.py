@@ -52,8 +52,17 @@ __all__ = [
 DEFAULT_VARIANTS: tuple[str, ...] = ("alone", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
 TASK_KINDS = ("toy", "gym", "gsm8k", "math500")
 # What a round record keeps from the trainer's metrics (the rest stays in the node's status).
-ROUND_METRICS = ("loss", "frac_filtered", "is_weight_mean", "frac_capped", "kl_mean", "kl_p90", "ess_kish",
-                 "grad_norm", "peer_groups_capped")
+ROUND_METRICS = (
+    "loss",
+    "frac_filtered",
+    "is_weight_mean",
+    "frac_capped",
+    "kl_mean",
+    "kl_p90",
+    "ess_kish",
+    "grad_norm",
+    "peer_groups_capped",
+)
 # ... and from the per-peer off-policy stats of the samples admitted from the partner.
 PEER_METRICS = ("kl_mean", "kl_p90", "kl_max", "frac_kl_over", "frac_capped", "mean_abs_delta", "is_weight_mean")
 
@@ -77,7 +86,7 @@ class PairSpec(BaseModel):
     nodes: tuple[NodeSpec, NodeSpec]
 
     @model_validator(mode="after")
-    def _unique_labels(self) -> "PairSpec":
+    def _unique_labels(self) -> PairSpec:
         a, b = self.labels
         if a == b:
             raise ValueError(f"pair {self.name!r}: both nodes are labelled {a!r}; give them distinct labels")
@@ -135,7 +144,8 @@ class ExperimentConfig(BaseModel):
     eval_seed: int = Field(0, description="Seed of the evaluation problem sets.")
     task: str = Field("toy", description="Training task spec (each node's own prompts).")
     eval_tasks: dict[str, str] = Field(
-        default_factory=lambda: {"id": "toy", "ood": "toy:ood"}, min_length=1,
+        default_factory=lambda: {"id": "toy", "ood": "toy:ood"},
+        min_length=1,
         description="Split label -> task spec of an evaluation set.",
     )
     prompts_per_round: int = Field(8, ge=1)
@@ -147,8 +157,9 @@ class ExperimentConfig(BaseModel):
     # CPU budget: 60 rounds at 2e-4 (and at 1e-3) gave the same rewards as 1e-8. These rates
     # make the policies move, so the variants can differ (sweep in docs/reproduction.md).
     lr_lora: float | None = Field(2e-3, gt=0, description="Learning rate of LoRA nodes (None: the trainer's 2e-4).")
-    lr_full: float | None = Field(1e-4, gt=0,
-                                  description="Learning rate of full fine-tuning nodes (None: the trainer's 1e-6).")
+    lr_full: float | None = Field(
+        1e-4, gt=0, description="Learning rate of full fine-tuning nodes (None: the trainer's 1e-6)."
+    )
     lora_rank: int = Field(8, ge=1)
     is_cap: float = Field(2.0, ge=1, description="C, the cap of the truncated IS weight.")
     kl_threshold: float | None = Field(None, gt=0, description="g [default: 50 for sum, 0.5 for mean].")
@@ -171,8 +182,10 @@ class ExperimentConfig(BaseModel):
         for item in value:
             if isinstance(item, str):
                 if item not in BUILTIN_PAIRS:
-                    raise ValueError(f"unknown pair {item!r}; built-in pairs: {', '.join(BUILTIN_PAIRS)}, "
-                                     "or give {name, nodes: [{model, train_mode}, {model, train_mode}]}")
+                    raise ValueError(
+                        f"unknown pair {item!r}; built-in pairs: {', '.join(BUILTIN_PAIRS)}, "
+                        "or give {name, nodes: [{model, train_mode}, {model, train_mode}]}"
+                    )
                 item = BUILTIN_PAIRS[item]
             out.append(item)
         return out
@@ -225,7 +238,7 @@ class ExperimentConfig(BaseModel):
         return {k: v.strip() for k, v in value.items()}
 
     @model_validator(mode="after")
-    def _unique_pairs(self) -> "ExperimentConfig":
+    def _unique_pairs(self) -> ExperimentConfig:
         names = [p.name for p in self.pairs]
         if len(set(names)) != len(names):
             raise ValueError(f"pair names repeat: {names}")
@@ -281,8 +294,17 @@ def resolve_config(config: ExperimentConfig | str | Path | None = None, **overri
 # ---------------------------------------------------------------------------- one run
 
 
-def _node_config(cfg: ExperimentConfig, pair: PairSpec, index: int, variant: str, seed: int, rounds: int,
-                 data_dir: Path, transport: str, swarm: list[str]) -> NodeConfig:
+def _node_config(
+    cfg: ExperimentConfig,
+    pair: PairSpec,
+    index: int,
+    variant: str,
+    seed: int,
+    rounds: int,
+    data_dir: Path,
+    transport: str,
+    swarm: list[str],
+) -> NodeConfig:
     spec = pair.nodes[index]
     return NodeConfig(
         name=f"{pair.name}-{index}-{variant}-s{seed}",
@@ -413,8 +435,10 @@ def run_pair(
     # Greedy pass@1 (the paper's metric) and the mean reward of 4 samples per problem at the
     # training temperature (what RL maximises; it moves before an argmax flips).
     metrics = {e.name: (e, lambda node, e: greedy_pass_at_1(node, e, cfg.eval_tokens)) for e in evals}
-    metrics |= {f"{e.name}-sampled": (e, lambda node, e: sampled_reward_mean(node, e, cfg.eval_tokens, 4, cfg.eval_seed))
-                for e in evals}
+    metrics |= {
+        f"{e.name}-sampled": (e, lambda node, e: sampled_reward_mean(node, e, cfg.eval_tokens, 4, cfg.eval_seed))
+        for e in evals
+    }
     curves = [{"rounds": [], "evals": {name: [] for name in metrics}} for _ in nodes]
     eval_seconds = 0.0
 
@@ -460,8 +484,14 @@ def run_pair(
         "seconds": round(time.perf_counter() - started, 2),
         "eval_seconds": round(eval_seconds, 2),
         "nodes": [
-            {"label": label, "model": spec.model, "build": build, "train_mode": spec.train_mode,
-             "seed": seed * 100 + i, **curve}
+            {
+                "label": label,
+                "model": spec.model,
+                "build": build,
+                "train_mode": spec.train_mode,
+                "seed": seed * 100 + i,
+                **curve,
+            }
             for i, (label, spec, build, curve) in enumerate(zip(pair.labels, pair.nodes, builds, curves))
         ],
     }
@@ -487,20 +517,34 @@ def compare_runs(reference: dict[str, Any], other: dict[str, Any], tolerance: fl
             _max_abs_diff((v for _, v in a["evals"][k]), (v for _, v in b["evals"].get(k, []))) for k in a["evals"]
         )
         peers = min((r["peer_samples"] for r in b["rounds"]), default=0)
-        per_node.append({"label": a["label"], "reward_max_abs_diff": reward, "loss_max_abs_diff": loss,
-                         "accuracy_max_abs_diff": acc, "min_peer_samples": peers})
+        per_node.append(
+            {
+                "label": a["label"],
+                "reward_max_abs_diff": reward,
+                "loss_max_abs_diff": loss,
+                "accuracy_max_abs_diff": acc,
+                "min_peer_samples": peers,
+            }
+        )
     worst = max(max(n["reward_max_abs_diff"], n["accuracy_max_abs_diff"]) for n in per_node)
     return {
-        "identical": all(n["reward_max_abs_diff"] == 0 and n["accuracy_max_abs_diff"] == 0
-                         and n["loss_max_abs_diff"] < 1e-9 for n in per_node),
+        "identical": all(
+            n["reward_max_abs_diff"] == 0 and n["accuracy_max_abs_diff"] == 0 and n["loss_max_abs_diff"] < 1e-9
+            for n in per_node
+        ),
         "agree": worst <= tolerance and all(n["min_peer_samples"] > 0 for n in per_node),
         "tolerance": tolerance,
         "nodes": per_node,
     }
 
 
-def run_dht_check(cfg: ExperimentConfig, evals: Sequence, *, on_round: Callable[[int], None] | None = None,
-                  initial_cache: dict | None = None) -> dict[str, Any]:
+def run_dht_check(
+    cfg: ExperimentConfig,
+    evals: Sequence,
+    *,
+    on_round: Callable[[int], None] | None = None,
+    initial_cache: dict | None = None,
+) -> dict[str, Any]:
     """The first pair, `dht_variant`, the first seed, `dht_rounds` rounds: in-process, then over DHTs."""
     pair, seed = cfg.pairs[0], cfg.seeds[0]
     kw = dict(rounds=cfg.dht_rounds, on_round=on_round, initial_cache=initial_cache)
@@ -549,10 +593,23 @@ def run_experiment(
     from node.experiment.evaluate import eval_set
     from node.experiment.report import write_report
 
-    overrides = dict(pairs=pairs, variants=variants, seeds=seeds, rounds=rounds, eval_every=eval_every,
-                     eval_problems=eval_problems, prompts_per_round=prompts_per_round, group_size=group_size,
-                     max_tokens=max_tokens, lr_lora=lr_lora, lr_full=lr_full, kl_threshold=kl_threshold,
-                     kl_reduction=kl_reduction, dht_check=dht_check, dht_rounds=dht_rounds)
+    overrides = dict(
+        pairs=pairs,
+        variants=variants,
+        seeds=seeds,
+        rounds=rounds,
+        eval_every=eval_every,
+        eval_problems=eval_problems,
+        prompts_per_round=prompts_per_round,
+        group_size=group_size,
+        max_tokens=max_tokens,
+        lr_lora=lr_lora,
+        lr_full=lr_full,
+        kl_threshold=kl_threshold,
+        kl_reduction=kl_reduction,
+        dht_check=dht_check,
+        dht_rounds=dht_rounds,
+    )
     cfg = resolve_config(config, **overrides)
 
     from node.rollout import ENGINES

@@ -28,7 +28,6 @@ from node.models.tiny import TINY_MODELS, TinyModelConfig, build_info, build_tin
 from node.models.tokenizer import TokenizerRecipe, build_tokenizer, tokenizer_fingerprint
 from node.models.warmstart import WarmStartRecipe, sampled_reward, warm_start
 
-
 __all__ = [
     "EMBEDDED_SMOLLM2",
     "HUB_ALIASES",

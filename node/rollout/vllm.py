@@ -62,9 +62,14 @@ INSTALL_HINT = (
 ReferenceLogprobs = Callable[[list[int], list[int], float, int, float], np.ndarray]
 
 _DTYPES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
     "auto": "auto",
 }
 # The probe of the self-check: fixed prompts, full distribution (T=1, no truncation:
@@ -144,9 +149,9 @@ class VLLMEngine(RolloutEngine):
     ) -> None:
         vllm = _import_vllm()
         from transformers import GenerationConfig
+        from vllm.platforms import current_platform
 
         from node.models.registry import load_tokenizer, model_folder, resolve_model
-        from vllm.platforms import current_platform
 
         platform = current_platform.device_type  # "cpu", "cuda", ...
         if device is not None:
@@ -187,8 +192,9 @@ class VLLMEngine(RolloutEngine):
         # max |vLLM - trainer| on the probe. Measured on CPU with the tiny model: ~1e-6 in
         # fp32; in bf16 0.02 on the probe and up to 0.16 on single tokens of 2k sampled.
         # An adapter vLLM ignored moved the probe's log-probs by ~0.9.
-        self.self_check_tolerance = self_check_tolerance if self_check_tolerance is not None else (
-            0.25 if half else 1e-3)
+        self.self_check_tolerance = (
+            self_check_tolerance if self_check_tolerance is not None else (0.25 if half else 1e-3)
+        )
         self.last_self_check: float | None = None
 
         self._llm = vllm.LLM(
@@ -200,8 +206,9 @@ class VLLMEngine(RolloutEngine):
             max_model_len=max_model_len,
             # On CPU this is host memory for weights + KV cache; on a GPU the trainer
             # shares the device, so vLLM does not get most of it either.
-            gpu_memory_utilization=gpu_memory_utilization if gpu_memory_utilization is not None else (
-                0.2 if on_cpu else 0.3),
+            gpu_memory_utilization=gpu_memory_utilization
+            if gpu_memory_utilization is not None
+            else (0.2 if on_cpu else 0.3),
             enforce_eager=enforce_eager if enforce_eager is not None else on_cpu,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
@@ -258,9 +265,7 @@ class VLLMEngine(RolloutEngine):
             detokenize=False,
         )
 
-    def generate(
-        self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling
-    ) -> list[list[Sample]]:
+    def generate(self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:
         check_request(n, sampling)
         if not prompts:
             return []

@@ -57,7 +57,7 @@ class Swarm:
 
     # ------------------------------------------------------------ life cycle
 
-    def start(self) -> "Swarm":
+    def start(self) -> Swarm:
         """Start the DHT and join the swarm; raises `SwarmStartError` with a one-line reason."""
         if self._identity is not None:
             raise SwarmError("this Swarm was already started; make a new one")
@@ -104,7 +104,7 @@ class Swarm:
         if self._identity is not None:
             self._identity.release()
 
-    def __enter__(self) -> "Swarm":
+    def __enter__(self) -> Swarm:
         return self if self._dht is not None else self.start()
 
     def __exit__(

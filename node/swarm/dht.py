@@ -42,8 +42,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import hivemind
 from cryptography.hazmat.primitives import serialization
@@ -147,7 +147,7 @@ class SwarmConfig(BaseModel):
             raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
-    def _inline_fits_a_record(self) -> "SwarmConfig":
+    def _inline_fits_a_record(self) -> SwarmConfig:
         limit = MAX_RECORD_BYTES - RECORD_OVERHEAD_BYTES
         if self.inline_max_bytes > limit:
             raise ValueError(f"inline_max_bytes must be <= {limit} (a DHT record holds at most {MAX_RECORD_BYTES})")
@@ -254,7 +254,7 @@ class NodeIdentity:
         self._lock_fd = lock_fd
 
     @classmethod
-    def acquire(cls, identity_path: Path | None, record_key_path: Path | None) -> "NodeIdentity":
+    def acquire(cls, identity_path: Path | None, record_key_path: Path | None) -> NodeIdentity:
         if identity_path is None:
             key = _load_or_create_record_key(record_key_path) if record_key_path else RSAPrivateKey()
             return cls(None, key, None)

@@ -106,7 +106,7 @@ class PacketRecord(BaseModel):
     body: bytes | None = None
 
     @model_validator(mode="after")
-    def _inline_body_has_its_size(self) -> "PacketRecord":
+    def _inline_body_has_its_size(self) -> PacketRecord:
         if self.body is not None and len(self.body) != self.size:
             raise ValueError(f"inline body has {len(self.body)} bytes, header says {self.size}")
         return self
@@ -115,7 +115,7 @@ class PacketRecord(BaseModel):
         return self.model_dump()
 
     @classmethod
-    def from_wire(cls, value: Any) -> "PacketRecord":
+    def from_wire(cls, value: Any) -> PacketRecord:
         if not isinstance(value, dict):
             raise ValueError(f"record must be a map, got {type(value).__name__}")
         return cls.model_validate(value)
@@ -213,6 +213,7 @@ async def _fetch_body(
     _dht: SwarmDHT, node, peer: str, digest: bytes, max_bytes: int, timeout: float
 ) -> tuple[bytes | None, str]:
     """(body, "") or (None, reason). Failures are returned, not raised: hivemind logs raised ones loudly."""
+
     async def fetch() -> tuple[bytes | None, str]:
         _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(peer), BODY_HANDLER)
         try:

@@ -48,8 +48,10 @@ def get_task(spec: str) -> Task:
     if kind == "gym":
         dataset, _, query = rest.partition("?")
         if not dataset:
-            raise TaskError(f"task spec {spec!r} names no dataset; e.g. gym:chain_sum. "
-                            f"Numeric datasets: {', '.join(NUMERIC_GYM_DATASETS)}")
+            raise TaskError(
+                f"task spec {spec!r} names no dataset; e.g. gym:chain_sum. "
+                f"Numeric datasets: {', '.join(NUMERIC_GYM_DATASETS)}"
+            )
         params = parse_query(query, f"task spec {spec!r}")
         seed = params.pop("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -77,7 +79,10 @@ def task_for_id(task_id: str, known: Iterable[Task] = ()) -> Task:
     if kind == "gym":
         return GymTask.from_id(task_id)
     if kind in ("gsm8k", "math500"):
-        raise TaskError(f"task id {task_id!r} needs the local {kind} file: build the task with get_task(\"{kind}:<file.jsonl>\") and pass it in known")
+        raise TaskError(
+            f"task id {task_id!r} needs the local {kind} file: build the task with "
+            f'get_task("{kind}:<file.jsonl>") and pass it in known'
+        )
     raise TaskError(f"task id {task_id!r} has an unknown kind; valid kinds: {', '.join(TASK_KINDS)}")
 
 

@@ -69,9 +69,10 @@ class Task(ABC):
     def _check_owned(self, task_id: str) -> str:
         """The part of ``task_id`` after this task's prefix; TaskError if the id is foreign."""
         if not isinstance(task_id, str) or not task_id.startswith(self.id_prefix):
-            raise TaskError(f"task id {task_id!r} does not belong to task {self.name!r} "
-                            f"(its ids start with {self.id_prefix!r})")
-        return task_id[len(self.id_prefix):]
+            raise TaskError(
+                f"task id {task_id!r} does not belong to task {self.name!r} (its ids start with {self.id_prefix!r})"
+            )
+        return task_id[len(self.id_prefix) :]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

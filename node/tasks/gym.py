@@ -98,8 +98,10 @@ def _check_config(dataset: str, config_cls: type, config: dict[str, Any]) -> Non
     fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name != "seed"}
     for key, value in config.items():
         if key not in fields:
-            raise TaskError(f"reasoning-gym dataset {dataset!r} has no option {key!r}; "
-                            f"valid options: seed, {', '.join(sorted(fields))}")
+            raise TaskError(
+                f"reasoning-gym dataset {dataset!r} has no option {key!r}; "
+                f"valid options: seed, {', '.join(sorted(fields))}"
+            )
         default = fields[key].default
         if default is None or default is dataclasses.MISSING:
             continue  # no default to learn the type from; the dataclass validates it
@@ -110,8 +112,10 @@ def _check_config(dataset: str, config_cls: type, config: dict[str, Any]) -> Non
         else:
             ok = isinstance(value, type(default))
         if not ok:
-            raise TaskError(f"reasoning-gym option {key}={_render_value(value)!r} for {dataset!r}: "
-                            f"expected {type(default).__name__} (default {default!r})")
+            raise TaskError(
+                f"reasoning-gym option {key}={_render_value(value)!r} for {dataset!r}: "
+                f"expected {type(default).__name__} (default {default!r})"
+            )
 
 
 class GymTask(Task):
@@ -169,8 +173,12 @@ class GymTask(Task):
     def problem(self, task_id: str) -> Problem:
         entry = self._entry(task_id)
         prompt = f"{entry['question'].rstrip()}\n{format_instruction()}"
-        return Problem(task_id=task_id, prompt=prompt, answer=str(entry["answer"]),
-                       meta={"dataset": self.dataset, "question": entry["question"]})
+        return Problem(
+            task_id=task_id,
+            prompt=prompt,
+            answer=str(entry["answer"]),
+            meta={"dataset": self.dataset, "question": entry["question"]},
+        )
 
     def reward(self, problem: Problem, completion: str) -> float:
         inner = extract_tagged(completion)

@@ -357,4 +357,3 @@ def load_latest(root: str | Path) -> Checkpoint | None:
         except CheckpointError as e:
             log.warning("skipping checkpoint: %s", e)
     return None
-

@@ -115,7 +115,7 @@ class TrainSequence(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _lengths_agree(self) -> "TrainSequence":
+    def _lengths_agree(self) -> TrainSequence:
         if len(self.logp_gen) != len(self.completion_ids):
             raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.logp_gen)} log-probs")
         return self
