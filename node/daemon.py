@@ -29,7 +29,7 @@ import numpy as np
 
 from node.admission import Admission
 from node.config import NodeConfig
-from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups
+from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups, to_packet, to_train_batch
 from node.status import NodeStatus, RoundRecord
 
 logger = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ class Node:
         return groups
 
     def _packet_bytes(self, r: int, own: list[ScoredGroup]) -> bytes:
-        from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode
+        from protocol import PacketHeader, SamplingParams, encode
 
         header = PacketHeader.create(
             swarm_id=self.cfg.swarm_id,
@@ -346,21 +346,7 @@ class Node:
             top_k=self.sampling.top_k,
             max_tokens=self.sampling.max_tokens,
         )
-        groups = [
-            Group(
-                task_id=g.task_id,
-                generator_model_id=g.generator,
-                sampling=params,
-                completions=[
-                    Completion(
-                        token_ids=s.completion_ids, logprobs=s.logp_gen, text=s.text, finish_reason=s.finish_reason
-                    )
-                    for s in g.sequences
-                ],
-            )
-            for g in own
-        ]
-        return encode(RolloutPacket(header=header, groups=groups))
+        return encode(to_packet(own, header, params))
 
     def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
         gathered = self.swarm.gather(r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers)
@@ -392,34 +378,10 @@ class Node:
 
     def train(self, groups: list[ScoredGroup]) -> dict[str, Any]:
         """One F-TIS step on `groups`; advantages are computed within each group."""
-        import torch
-
-        from node.train.ftis import group_advantages
-        from node.train.trainer import TrainBatch, TrainSequence
-
-        sequences = []
-        for gid, g in enumerate(groups):
-            adv = group_advantages(
-                torch.tensor(g.rewards, dtype=torch.float64), torch.zeros(len(g.sequences), dtype=torch.long)
-            )
-            for s, a in zip(g.sequences, adv.tolist()):
-                sequences.append(
-                    TrainSequence(
-                        prompt_ids=g.prompt_ids,
-                        completion_ids=s.completion_ids,
-                        logp_gen=s.logp_gen,
-                        advantage=a,
-                        group_id=gid,
-                        seq_weight=s.seq_weight,
-                        temperature=g.temperature,
-                        top_k=g.top_k,
-                        top_p=g.top_p,
-                        source=g.source,
-                    )
-                )
-        if not sequences:
+        batch = to_train_batch(groups)
+        if batch is None:
             return {}
-        metrics = self.trainer.step(TrainBatch(sequences=sequences))
+        metrics = self.trainer.step(batch)
         self._dirty = True
         return metrics
 

@@ -2,15 +2,21 @@
 
 A group is one prompt answered G times by ONE generator. Own samples and admitted peer
 samples both become `ScoredGroup`s; advantages are computed within a group only, so
-rewards are never pooled across models.
+rewards are never pooled across models. Own groups leave the node as a packet
+(`to_packet`); the groups of a round become one training batch (`to_train_batch`).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch stays out of this module's import
+    from node.train.trainer import TrainBatch
+    from protocol import PacketHeader, RolloutPacket, SamplingParams
 
 SELF = "self"
 
@@ -71,3 +77,51 @@ def mix_groups(
                     chosen.append(group)
                     used += len(group.sequences)
     return list(own) + chosen, len(peers) - len(chosen)
+
+
+def to_packet(own: list[ScoredGroup], header: PacketHeader, sampling: SamplingParams) -> RolloutPacket:
+    """This node's groups of one round as the packet it publishes (rewards stay home)."""
+    from protocol import Completion, Group, RolloutPacket
+
+    groups = [
+        Group(
+            task_id=g.task_id,
+            generator_model_id=g.generator,
+            sampling=sampling,
+            completions=[
+                Completion(token_ids=s.completion_ids, logprobs=s.logp_gen, text=s.text, finish_reason=s.finish_reason)
+                for s in g.sequences
+            ],
+        )
+        for g in own
+    ]
+    return RolloutPacket(header=header, groups=groups)
+
+
+def to_train_batch(groups: list[ScoredGroup]) -> TrainBatch | None:
+    """The F-TIS batch of `groups`, advantages computed within each group; None if empty."""
+    import torch
+
+    from node.train.ftis import group_advantages
+    from node.train.trainer import TrainBatch, TrainSequence
+
+    sequences = []
+    for gid, g in enumerate(groups):
+        n = len(g.sequences)
+        adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float64), torch.zeros(n, dtype=torch.long))
+        for s, a in zip(g.sequences, adv.tolist()):
+            sequences.append(
+                TrainSequence(
+                    prompt_ids=g.prompt_ids,
+                    completion_ids=s.completion_ids,
+                    logp_gen=s.logp_gen,
+                    advantage=a,
+                    group_id=gid,
+                    seq_weight=s.seq_weight,
+                    temperature=g.temperature,
+                    top_k=g.top_k,
+                    top_p=g.top_p,
+                    source=g.source,
+                )
+            )
+    return TrainBatch(sequences=sequences) if sequences else None
