@@ -21,13 +21,14 @@ function svgEl(tag, attrs = {}, text) {
   return node;
 }
 
-// "Nice" tick values covering [lo, hi] (1, 2, 5 times a power of ten).
-function niceTicks(lo, hi, count = 5) {
+// "Nice" tick values covering [lo, hi] (1, 2, 5 times a power of ten; whole numbers if `integer`).
+function niceTicks(lo, hi, count = 5, integer = false) {
   if (!isFinite(lo) || !isFinite(hi)) return [0, 1];
-  if (lo === hi) { const pad = Math.abs(lo) * 0.1 || 1; lo -= pad; hi += pad; }
+  if (lo === hi) { const pad = Math.abs(lo) * 0.1 || 1; lo = lo === 0 ? 0 : lo - pad; hi += pad; }
   const raw = (hi - lo) / Math.max(1, count);
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(s => s >= raw) || 10 * mag;
+  let step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(s => s >= raw) || 10 * mag;
+  if (integer) step = Math.max(1, Math.round(step));
   const ticks = [];
   for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(+v.toFixed(10));
   if (ticks[ticks.length - 1] < hi) ticks.push(+(ticks[ticks.length - 1] + step).toFixed(10));
@@ -42,12 +43,22 @@ function intTicks(lo, hi, count = 8) {
   return ticks;
 }
 
-function fmtTick(v) {
+// A tick label with as many decimals as the tick step needs, so neighbours never read alike.
+function fmtTick(v, step) {
   const a = Math.abs(v);
   if (a >= 1e6) return (v / 1e6).toFixed(1).replace(/\.0$/, "") + "M";
-  if (a >= 1e4) return (v / 1e3).toFixed(0) + "k";
-  if (a >= 100 || Number.isInteger(v)) return String(Math.round(v * 100) / 100);
-  return String(+v.toPrecision(3));
+  if (a >= 1e4 && step >= 1000) return (v / 1e3).toFixed(0) + "k";
+  const decimals = Math.min(6, Math.max(0, Math.ceil(-Math.log10(step || 1) - 1e-9)));
+  return v.toFixed(decimals);
+}
+
+// [lo, hi] widened to at least `minSpan` (kept above `floor`), so noise in a flat series stays flat.
+function span(lo, hi, minSpan, floor) {
+  if (!(hi - lo < minSpan)) return [lo, hi];
+  const mid = (lo + hi) / 2;
+  lo = mid - minSpan / 2; hi = mid + minSpan / 2;
+  if (floor !== null && floor !== undefined && lo < floor) { hi += floor - lo; lo = floor; }
+  return [lo, hi];
 }
 
 function fmtValue(v) {
@@ -61,7 +72,7 @@ function frame(svg, { width, height, xs, yTicks, xLabel, yLabel, band }) {
   const m = { left: 46, right: 10, top: 8, bottom: 34 };
   const w = width - m.left - m.right, h = height - m.top - m.bottom;
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
-  const y0 = yTicks[0], y1 = yTicks[yTicks.length - 1];
+  const y0 = yTicks[0], y1 = yTicks[yTicks.length - 1], yStep = yTicks.length > 1 ? yTicks[1] - yTicks[0] : 1;
   const slot = band ? w / Math.max(1, x1 - x0 + 1) : 0;
   const px = band ? x => m.left + (x - x0 + 0.5) * slot
                   : x => m.left + (x1 === x0 ? w / 2 : (x - x0) / (x1 - x0) * w);
@@ -69,7 +80,7 @@ function frame(svg, { width, height, xs, yTicks, xLabel, yLabel, band }) {
   const axes = svgEl("g", { class: "axes" });
   for (const t of yTicks) {
     axes.append(svgEl("line", { x1: m.left, x2: m.left + w, y1: py(t), y2: py(t), class: t === y0 ? "axis" : "grid" }));
-    axes.append(svgEl("text", { x: m.left - 6, y: py(t) + 4, "text-anchor": "end", class: "tick" }, fmtTick(t)));
+    axes.append(svgEl("text", { x: m.left - 6, y: py(t) + 4, "text-anchor": "end", class: "tick" }, fmtTick(t, yStep)));
   }
   axes.append(svgEl("line", { x1: m.left, x2: m.left, y1: m.top, y2: m.top + h, class: "axis" }));
   for (const t of intTicks(x0, x1, Math.max(2, Math.floor(w / 48)))) {
@@ -136,7 +147,7 @@ function lineChart(box, series, hidden, onToggle, opts) {
     svg.append(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, opts.empty || "no data yet"));
   } else {
     const ys = all.map(p => p.y);
-    let lo = Math.min(...ys, opts.yMin ?? Infinity), hi = Math.max(...ys, opts.yMax ?? -Infinity);
+    const [lo, hi] = span(Math.min(...ys, opts.yMin ?? Infinity), Math.max(...ys, opts.yMax ?? -Infinity), opts.minSpan || 0, opts.yMin);
     const xs = [...new Set(all.map(p => p.x))].sort((a, b) => a - b);
     const f = frame(svg, { width, height, xs, yTicks: niceTicks(lo, hi, height > 160 ? 5 : 3), xLabel: opts.xLabel, yLabel: opts.yLabel });
     for (const s of shown) {
@@ -167,7 +178,7 @@ function barChart(box, stacks, rows, hidden, onToggle, opts) {
     svg.append(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, opts.empty || "no data yet"));
   } else {
     const xs = rows.map(r => r.x);
-    const f = frame(svg, { width, height, xs, yTicks: niceTicks(0, Math.max(1, ...totals), 3), xLabel: opts.xLabel, yLabel: opts.yLabel, band: true });
+    const f = frame(svg, { width, height, xs, yTicks: niceTicks(0, Math.max(1, ...totals), 3, true), xLabel: opts.xLabel, yLabel: opts.yLabel, band: true });
     const bw = Math.max(2, Math.min(28, f.slot * 0.7));
     const groups = new Map(shown.map(s => [s.key, svgEl("g", { "data-series": s.key, class: "series" })]));
     svg.append(...groups.values());

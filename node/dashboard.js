@@ -10,9 +10,10 @@ const PALETTE = ["#e0752d", "#56a64b", "#a352cc", "#d44a3a", "#1f9aa3", "#c9a21c
 const OWN = { key: "own", color: "#3274d9" };
 const BATCH = { key: "batch", color: "#4b5263" };
 const UNNAMED = "unattributed";
+// [chart, metric key, y-axis title, y floor, smallest y span]: a flat series stays flat on screen.
 const OFFPOLICY = [
-  ["chart-is", "is_weight_mean", "IS weight"], ["chart-capped", "frac_capped", "fraction"],
-  ["chart-ess", "ess", "ESS"], ["chart-filtered", "frac_filtered", "fraction"],
+  ["chart-is", "is_weight_mean", "IS weight", null, 0.1], ["chart-capped", "frac_capped", "fraction", 0, 0.05],
+  ["chart-ess", "ess", "ESS", null, 0.1], ["chart-filtered", "frac_filtered", "fraction", 0, 0.05],
 ];
 const state = { status: null, history: [], swarm: null, skew: 0, hidden: new Set(), colors: new Map(), lastOk: 0, error: "", roundsSeen: -1 };
 
@@ -126,12 +127,12 @@ function drawCharts() {
       return v;
     }), state.hidden, toggle, { ...small, yLabel: "rejected", empty: "nothing rejected" });
 
-  for (const [id, key, yLabel] of OFFPOLICY) {
+  for (const [id, key, yLabel, yMin, minSpan] of OFFPOLICY) {
     lineChart($(id), [
       ...peers.map(pid => ({ key: pid, label: peerLabel(pid), title: pid, color: peerColor(pid),
         points: pts(r => (r.peers && r.peers[pid] && r.peers[pid].offpolicy ? r.peers[pid].offpolicy[key] : null)) })),
       { ...BATCH, label: "whole batch", dash: true, width: 1.5, points: pts(r => (r.metrics || {})[key]) },
-    ], state.hidden, toggle, { ...chartOpts, height: 150, yLabel, yMin: key === "ess" || key === "is_weight_mean" ? null : 0, empty: "no training step yet" });
+    ], state.hidden, toggle, { ...chartOpts, height: 150, yLabel, yMin, minSpan, empty: "no training step yet" });
   }
 }
 

@@ -85,7 +85,7 @@ class StatusCollector(Collector):
         s = self.status.snapshot()
         yield from _node_metrics(s)
         yield from _round_metrics(s.get("last_round") or {})
-        yield from _peer_metrics(s, self.max_peers)
+        yield from peer_families(s, self.max_peers)
 
 
 def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | None = None) -> Iterator[Metric]:
@@ -149,7 +149,8 @@ def _round_metrics(last: dict[str, Any]) -> Iterator[Metric]:
     yield kl
 
 
-def _peer_metrics(s: dict[str, Any], max_peers: int) -> Iterator[Metric]:
+def peer_families(s: dict[str, Any], max_peers: int) -> Iterator[Metric]:
+    """Per-peer families from a snapshot: counters with a bounded peer label, gauges of the kept peers."""
     peers: dict[str, dict[str, Any]] = s["peers"]
     keep = top_peers(peers, max_peers)
 

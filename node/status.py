@@ -66,7 +66,16 @@ class RoundRecord(BaseModel):
 
 
 # The per-peer off-policy diagnostics kept in each round's record (scalars only: no histograms).
-ROUND_OFFPOLICY_KEYS = ("is_weight_mean", "frac_capped", "ess", "frac_filtered", "mean_abs_delta", "kl_p50", "kl_p90")
+ROUND_OFFPOLICY_KEYS = (
+    "is_weight_mean",
+    "frac_capped",
+    "ess",
+    "frac_filtered",
+    "mean_abs_delta",
+    "kl_p10",
+    "kl_p50",
+    "kl_p90",
+)
 
 
 class _RoundNotes:
