@@ -134,7 +134,8 @@ def progress_line(s: dict[str, Any]) -> str:
     if isinstance(detail.get("total"), int) and detail.get("total") and isinstance(detail.get("done"), int):
         return f"{phase}: {detail['done']} of {detail['total']}"
     if phase == "gathering" and isinstance(detail.get("deadline"), (int, float)):
-        peers = f"{detail['peers']} peers answered, " if isinstance(detail.get("peers"), int) else ""
+        k = detail.get("peers")
+        peers = f"{k} peer{'' if k == 1 else 's'} answered, " if isinstance(k, int) else ""
         return f"gathering: {peers}{max(0.0, detail['deadline'] - now):.1f} s left"
     if phase == "waiting for round" and isinstance(rs, (int, float)) and isinstance(r, int):
         return f"waiting: the next round starts in {max(0.0, r * rs - now):.1f} s"
@@ -251,11 +252,14 @@ def _peers_table(s: dict[str, Any], now: float, wide: bool) -> Table:
         reasons = [f"{safe(k)}×{v}" for k, v in (p.get("rejected") or {}).items()]
         reasons += [f"screened {safe(k)}×{v}" for k, v in (p.get("screened") or {}).items()]
         trust = safe(p.get("trust")) or "–"
+        until = p.get("quarantined_until")
+        if isinstance(until, (int, float)) and not isinstance(until, bool):
+            trust += time.strftime(" until %H:%M:%S", time.localtime(until)) if until > 1e9 else f" until round {until}"
         row = (
             Text(short_id(p["peer_id"])),
             Text(safe(p.get("model"), 40) or "–"),
             Text(safe(p.get("adapter_version"))[:10] or "–"),
-            Text(trust, style="red" if trust == "quarantined" else ""),
+            Text(trust, style="red" if trust.startswith("quarantined") else ""),
             _behind(p.get("last_round"), s.get("round")),
             _ago(p.get("last_seen"), now),
             str(p.get("samples_admitted", 0)),

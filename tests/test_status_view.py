@@ -109,3 +109,28 @@ def test_helpers():
     assert normalize_url("http://h:1/status") == "http://h:1"
     assert safe("a\x1b[2Jb\u202e") == "a?[2Jb?" and len(safe("x" * 500)) == 120
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█" and sparkline([]) == ""
+
+
+def test_fields_other_parts_add_are_shown_when_present():
+    """Trust, quarantine and screening (the screening stage's PeerStats fields), phase detail, round_in_run."""
+    from rich.console import Console
+
+    from node.status_view import render
+
+    status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=2).snapshot()
+    status["peers"][PEER_L] |= {
+        "trust": "quarantined",
+        "trust_reason": "too many implausible samples",
+        "quarantined_until": 1234,
+        "screened": {"implausible": 7},
+    }
+    status |= {
+        "round_in_run": 3,
+        "phase": "gathering",
+        "phase_detail": {"peers": 1, "deadline": status["server_time"] + 2},
+    }
+    console = Console(record=True, width=220, color_system=None)
+    console.print(render({"url": "http://x", "status": status, "history": [], "swarm": {}}, width=220))
+    text = console.export_text()
+    assert "round 3 of this run" in text and "gathering: 1 peer answered, " in text
+    assert "quarantined until round 1234" in text and "screened implausible×7" in text
