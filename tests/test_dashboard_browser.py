@@ -172,9 +172,11 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             s = _status(a_url)
             used = (s.get("peers") or {}).get(b_id, {}).get("samples_used", 0)
             rounds_with_b = sum(1 for r in _history(a_url) if (r.get("peers") or {}).get(b_id, {}).get("used"))
-            return used > 0 and rounds_with_b >= 2 and "foreign_task" in s.get("rejected", {})
+            return used > 0 and rounds_with_b >= 3 and "foreign_task" in s.get("rejected", {})
 
-        _wait(trained_with_b_and_rejected_bad, 300, "a to train on b's samples twice and reject the bad peer", tmp_path)
+        _wait(
+            trained_with_b_and_rejected_bad, 300, "a to train on b's samples 3 times and reject the bad peer", tmp_path
+        )
 
         driver = _browser(tmp_path, 1280, 1000)
         driver.get(a_url + "/")
