@@ -1,9 +1,11 @@
 """The REST status API and the dashboard of one node.
 
-    GET /            the dashboard (one self-contained HTML page polling the JSON below)
+    GET /            the dashboard (a self-contained page and its script and style, polling the JSON below)
     GET /status      name, model, round, phase, adapter version, last round, peers, rejections
     GET /history     one record per finished round
     GET /peers       per-peer counters and off-policy diagnostics
+    GET /swarm       every peer this node knows of in the swarm (model, adapter, last round)
+    GET /metrics     Prometheus text format (names prefixed ftis_)
     GET /healthz     200 while the node runs
 
 Served by uvicorn in a daemon thread, so the round loop stays plain synchronous code.
@@ -18,18 +20,41 @@ from importlib.resources import files
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
+from node.metrics import CONTENT_TYPE, NodeMetrics
 from node.status import NodeStatus
+
+# The dashboard's files, served from the package: nothing outside the node is ever fetched.
+STATIC = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}
+# The page draws network strings as text only; the policy is the second line of defence:
+# no inline script, nothing from another origin.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def create_app(status: NodeStatus) -> FastAPI:
     app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.")
-    dashboard = files("node").joinpath("dashboard.html").read_text(encoding="utf-8")
+    package = files("node")
+    dashboard = package.joinpath("dashboard.html").read_text(encoding="utf-8")
+    static = {name: package.joinpath(name).read_bytes() for name in STATIC}
+    metrics = NodeMetrics(status)
+    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index() -> str:
-        return dashboard
+    def index() -> HTMLResponse:
+        return HTMLResponse(dashboard, headers=headers)
+
+    def serve(name: str):
+        def handler() -> Response:
+            return Response(static[name], media_type=STATIC[name], headers=headers)
+
+        return handler
+
+    for name in STATIC:
+        app.add_api_route(f"/{name}", serve(name), methods=["GET"], include_in_schema=False)
 
     @app.get("/status")
     def get_status() -> dict:
@@ -42,6 +67,14 @@ def create_app(status: NodeStatus) -> FastAPI:
     @app.get("/peers")
     def get_peers() -> dict:
         return status.snapshot()["peers"]
+
+    @app.get("/swarm")
+    def get_swarm() -> dict:
+        return status.swarm_dump()
+
+    @app.get("/metrics", response_class=Response)
+    def get_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz")
     def healthz() -> dict:

@@ -194,6 +194,36 @@ def train(config, resume: bool = typer.Option(False, "--resume", help="Continue 
 
 
 @app.command()
+def status(
+    url: str = typer.Argument("http://127.0.0.1:8470", help="The node's status URL (the dashboard's address)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Redraw every --interval seconds until Ctrl-C."),
+    interval: float = typer.Option(2.0, min=0.2, help="Seconds between redraws with --watch."),
+    timeout: float = typer.Option(3.0, min=0.1, help="Seconds to wait for the node's answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the node's /status answer as JSON instead."),
+) -> None:
+    """How a running node is doing: round, phase, reward, peers, rejections (exit code 2 if unreachable)."""
+    from rich.console import Console
+
+    from node.status_view import Unreachable, fetch_view, render
+    from node.status_view import watch as watch_view
+
+    console = Console()
+    try:
+        if watch:
+            watch_view(url, interval=interval, timeout=timeout, console=console)
+            return
+        view = fetch_view(url, timeout)
+    except Unreachable as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(view["status"], indent=2, sort_keys=True) + "\n")
+    else:
+        console.print(render(view, width=console.width))
+
+
+@app.command()
 def demo(
     nodes: int = typer.Option(3, help="How many nodes (2-4; 5 with --with-smollm)."),
     rounds: int = typer.Option(20, min=1, help="Rounds each node plays before the demo ends."),

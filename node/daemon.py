@@ -137,6 +137,8 @@ class Node:
 
             self.api = ApiServer(self.status, host=cfg.api_host, port=cfg.api_port).start()
             self.status.set(api_url=self.api.url)
+        if self.swarm is not None:  # the dashboard's round countdown
+            self.status.set(round_seconds=cfg.round_seconds, gather_seconds=cfg.gather_seconds)
         self.status.set(adapter_version=self.trainer.adapter_version, fingerprint=self.fingerprint[:16])
         self.status.set_phase("ready")
         if self.on_ready:
@@ -239,7 +241,9 @@ class Node:
         opened.own = self.rollout(r)
         if self.swarm is not None:
             self.status.set_phase("publishing", r)
-            self.swarm.publish(r, self._packet_bytes(r, opened.own))
+            packet = self._packet_bytes(r, opened.own)
+            self.swarm.publish(r, packet)
+            self.status.round_io(bytes_published=len(packet))
         return opened
 
     def finish_round(self, r: int, opened: OpenRound) -> RoundResult | None:
@@ -285,8 +289,19 @@ class Node:
             ),
             adapter_version=self.trainer.adapter_version,
         )
+        self._push_swarm_view()
         self._write_status_file()
         return result
+
+    def _push_swarm_view(self) -> None:
+        """Every peer the swarm layer knows of, for GET /swarm (swarm layers without the list are skipped)."""
+        known_peers = getattr(self.swarm, "known_peers", None)
+        if not callable(known_peers):
+            return
+        try:
+            self.status.set_swarm_peers(list(known_peers()))
+        except Exception as e:  # a view for people: never worth a round
+            logger.debug("known_peers failed: %r", e)
 
     def _write_status_file(self) -> None:
         """`<data dir>/status.json`: what GET /status says, kept after the node has stopped."""
@@ -360,6 +375,10 @@ class Node:
                 self.status.reject(None, str(reason), count=count - attributed.get(reason, 0))
         for kind, count in gathered.errors.items():
             self.status.swarm_error(kind, count)
+        bytes_read = getattr(gathered, "bytes_read", None)
+        self.status.round_io(
+            gather_seconds=gathered.elapsed_s, bytes_read=gathered.total_bytes if bytes_read is None else bytes_read
+        )
         groups: list[ScoredGroup] = []
         for item in gathered.packets:
             admitted = self.admission.admit(item.peer_id, item.data, r)
@@ -372,7 +391,9 @@ class Node:
                 samples_admitted=admitted.samples,
                 last_round=admitted.round,
                 last_seen=time.time(),
+                **_sender_model(item.data),
             )
+            self.status.peer_rewards(item.peer_id, [s.reward for g in admitted.groups for s in g.sequences])
             groups.extend(admitted.groups)
         return groups, len(gathered.peers)
 
@@ -438,6 +459,17 @@ class Node:
             self.status.set_phase("stopped")
             if self.cfg.node_dir.is_dir():
                 self._write_status_file()
+
+
+def _sender_model(data: bytes) -> dict[str, str]:
+    """The model and adapter version a packet's header claims, for the dashboard (unverified)."""
+    from protocol.codec import peek_header
+
+    try:
+        header = peek_header(data)
+    except Exception:  # network data; admission has counted the reason already
+        return {}
+    return {"model": header.base_model_id, "adapter_version": header.adapter_version}
 
 
 def install_stop_handlers(node: Node) -> None:

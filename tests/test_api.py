@@ -47,7 +47,16 @@ def test_status_history_and_peers_reflect_the_loop(served):
         assert [r["round"] for r in client.get("/history").json()] == [7]
         assert client.get("/healthz").json()["ok"] is True
         page = client.get("/")
-        assert page.status_code == 200 and "ftis-node" in page.text and 'fetch("status")' in page.text
+        assert page.status_code == 200 and "ftis-node" in page.text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        script = client.get("/dashboard.js")
+        assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+        assert 'getJSON("status")' in script.text and "innerHTML" not in script.text
+        assert "innerHTML" not in client.get("/charts.js").text
+        assert client.get("/dashboard.css").headers["content-type"].startswith("text/css")
+        for src in ("charts.js", "dashboard.js", "dashboard.css"):  # relative: nothing from another origin
+            assert f'"{src}"' in page.text
+        assert "http://" not in page.text and "https://" not in page.text
 
 
 def test_port_in_use_gives_a_clear_error(served):

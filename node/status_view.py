@@ -1,0 +1,325 @@
+"""`ftis-node status URL`: a terminal view of a running node, read from its status API.
+
+    view = fetch_view("http://127.0.0.1:8470", timeout=3)    # raises Unreachable (one line)
+    console.print(render(view))
+
+Peer ids, model names and rejection details come from the network: they are shown as
+plain text (never as rich markup) with control characters removed, so a peer cannot
+style, move or clear the operator's terminal.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from typing import Any
+
+import httpx
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+SPARK = "▁▂▃▄▅▆▇█"
+ROUND_STEPS = ("generating", "publishing", "gathering", "training", "checkpointing")
+
+
+class Unreachable(Exception):
+    """The node did not answer, or not like an ftis-node status API; the message is one line."""
+
+
+def normalize_url(url: str) -> str:
+    """`host:port`, `http://host:port/`, `.../status` and the dashboard's URL all name the same node."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    url = url.rstrip("/")
+    for suffix in ("/status", "/dashboard"):
+        url = url.removesuffix(suffix)
+    return url
+
+
+def fetch_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
+    """{"url", "status", "history", "swarm"}; history and swarm are empty if the node has none."""
+    base = normalize_url(url)
+    try:
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
+            status = _get_json(client, "/status", base)
+            if not isinstance(status, dict) or "phase" not in status:
+                raise Unreachable(f"{base} answered /status, but not like an ftis-node")
+            try:
+                history = _get_json(client, "/history", base)
+                swarm = _get_json(client, "/swarm", base)
+            except Unreachable:  # an older node, or one that stopped between the calls
+                history, swarm = [], {}
+    except httpx.InvalidURL as e:
+        raise Unreachable(f"{url!r} is not a URL ({e})") from None
+    return {"url": base, "status": status, "history": history if isinstance(history, list) else [], "swarm": swarm}
+
+
+def _get_json(client: httpx.Client, path: str, base: str) -> Any:
+    try:
+        response = client.get(path)
+    except httpx.TimeoutException:
+        raise Unreachable(f"{base} did not answer within {client.timeout.read} s") from None
+    except httpx.HTTPError as e:
+        raise Unreachable(f"cannot reach {base}: {_one_line(str(e)) or type(e).__name__}") from None
+    if response.status_code != 200:
+        raise Unreachable(f"{base}{path} answered HTTP {response.status_code}; is this an ftis-node status URL?")
+    try:
+        return response.json()
+    except ValueError:
+        raise Unreachable(f"{base}{path} did not answer JSON; is this an ftis-node status URL?") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def safe(value: Any, limit: int = 120) -> str:
+    """A network string made harmless for a terminal: no control or format characters, bounded length."""
+    text = "" if value is None else str(value)
+    text = "".join(ch if unicodedata.category(ch)[0] != "C" else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def short_id(peer_id: Any) -> str:
+    text = safe(peer_id)
+    return "…" + text[-6:] if len(text) > 14 else text
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    values = [v for v in values if isinstance(v, (int, float))][-width:]
+    if not values:
+        return ""
+    lo, hi = min(min(values), 0.0), max(max(values), 1.0)  # rewards live in [0, 1]; wider data widens it
+    span = (hi - lo) or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return safe(value)
+    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "–"
+    if n < 1024:
+        return f"{int(n)} B"
+    return f"{n / 1024:.1f} kB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MB"
+
+
+def _ago(ts: Any, now: float) -> str:
+    if not isinstance(ts, (int, float)):
+        return "–"
+    s = max(0.0, now - ts)
+    return f"{s:.0f} s ago" if s < 90 else (f"{s / 60:.0f} min ago" if s < 5400 else f"{s / 3600:.1f} h ago")
+
+
+def round_in_run(s: dict[str, Any]) -> int:
+    if isinstance(s.get("round_in_run"), int):
+        return s["round_in_run"]
+    return int(s.get("rounds_done") or 0) + (1 if s.get("phase") in ROUND_STEPS else 0)
+
+
+def progress_line(s: dict[str, Any]) -> str:
+    """What the round loop is doing now, with a countdown where the node says when it ends."""
+    phase, detail, now = safe(s.get("phase")), s.get("phase_detail") or {}, s.get("server_time") or time.time()
+    rs, r = s.get("round_seconds"), s.get("round")
+    if isinstance(detail.get("total"), int) and detail.get("total") and isinstance(detail.get("done"), int):
+        return f"{phase}: {detail['done']} of {detail['total']}"
+    if phase == "gathering" and isinstance(detail.get("deadline"), (int, float)):
+        k = detail.get("peers")
+        peers = f"{k} peer{'' if k == 1 else 's'} answered, " if isinstance(k, int) else ""
+        return f"gathering: {peers}{max(0.0, detail['deadline'] - now):.1f} s left"
+    if phase == "waiting for round" and isinstance(rs, (int, float)) and isinstance(r, int):
+        return f"waiting: the next round starts in {max(0.0, r * rs - now):.1f} s"
+    if phase in ROUND_STEPS and isinstance(rs, (int, float)) and isinstance(r, int) and s.get("peer_id"):
+        into = now - r * rs
+        left = f"{rs - into:.1f} s left in" if into <= rs else f"{into - rs:.1f} s past"
+        return f"{phase} · {left} this round's time bucket"
+    return phase
+
+
+def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> Group:
+    """The whole view; below `width` 110 columns it stacks the summary and drops the detail columns."""
+    s, history = view["status"], view["history"]
+    wide = width >= 110
+    now = s.get("server_time") or time.time()
+    parts: list[Any] = []
+    title = Text()
+    title.append(f"ftis-node · {safe(s.get('name'))}", style="bold")
+    title.append(f"   {safe(s.get('model'))} · {safe(s.get('loss'))} · {safe(s.get('task'))}   ")
+    title.append(f" {safe(s.get('phase'))} ", style="reverse")
+    n = round_in_run(s)
+    bucket = f" (DHT bucket {s['round']})" if s.get("round") is not None and s.get("peer_id") else ""
+    title.append(f"   round {n} of this run{bucket}" if n else "   no round yet")
+    parts.append(title)
+    parts.append(Text(progress_line(s), style="dim"))
+    if error:
+        parts.append(Text(f"unreachable: {safe(error, 300)} (showing the last answer; retrying)", style="bold red"))
+    parts.append(_summary(s, history, wide))
+    if s.get("peers"):
+        parts.append(_peers_table(s, now, wide))
+    swarm = (view.get("swarm") or {}).get("peers") or []
+    if swarm:
+        parts.append(_swarm_table(s, swarm, view.get("swarm", {}).get("source"), now))
+    if s.get("rejected"):
+        parts.append(_rejections(s))
+    parts.append(Text(f"{view['url']}  ·  dashboard {view['url']}/  ·  metrics {view['url']}/metrics", style="dim"))
+    return Group(*parts)
+
+
+def _summary(s: dict[str, Any], history: list[dict[str, Any]], wide: bool) -> Table:
+    last = s.get("last_round") or {}
+    m = last.get("metrics") or {}
+    rewards = [r.get("reward_mean") for r in history]
+    best = max((r for r in rewards if isinstance(r, (int, float))), default=None)
+    rejected = sum((s.get("rejected") or {}).values())
+    cells: list[tuple[str, Any]] = [
+        (
+            "reward",
+            Text(f"{_num(last.get('reward_mean'))}  best {_num(best)}  ") + Text(sparkline(rewards), style="cyan"),
+        ),
+        ("rounds done", f"{s.get('rounds_done', 0)}  (up {_num(s.get('uptime_s'), 0)} s)"),
+        ("samples", f"{last.get('own_samples', '–')} own + {last.get('peer_samples', '–')} from peers"),
+        ("peers", f"{last.get('peers_answered', '–')} answered · {len(s.get('peers') or {})} heard from"),
+        ("rejected", Text(str(rejected), style="red" if rejected else "")),
+        ("packets", f"↑ {_bytes(last.get('bytes_published'))}  ↓ {_bytes(last.get('bytes_read'))}"),
+        (
+            "round time",
+            f"{_num(last.get('seconds'), 1)} s (gather {_num(last.get('gather_seconds'), 1)} s, "
+            f"step {_num(m.get('seconds'), 2)} s)",
+        ),
+        ("adapter", safe(s.get("adapter_version"))[:12] or "–"),
+        (
+            "off-policy",
+            f"IS w {_num(m.get('is_weight_mean'))} · capped {_num(m.get('frac_capped'))} · "
+            f"ESS {_num(m.get('ess'))} · filtered {_num(m.get('frac_filtered'))}",
+        ),
+        ("DHT errors", ", ".join(f"{safe(k)} {v}" for k, v in (s.get("swarm_errors") or {}).items()) or "none"),
+    ]
+    per_row = 2 if wide else 1
+    grid = Table.grid(padding=(0, 2))
+    for _ in range(per_row):
+        grid.add_column(style="dim", justify="right", no_wrap=True)
+        grid.add_column()
+    for i in range(0, len(cells), per_row):
+        grid.add_row(*[part for label, value in cells[i : i + per_row] for part in (label, value)])
+    return grid
+
+
+# Columns of the peers table; those marked False are left out on a narrow terminal.
+PEER_COLUMNS = (
+    ("peer", "left", True),
+    ("model", "left", True),
+    ("adapter", "left", False),
+    ("trust", "left", True),
+    ("last round", "right", False),
+    ("last seen", "right", True),
+    ("admitted", "right", True),
+    ("used", "right", True),
+    ("reward", "right", True),
+    ("IS w", "right", False),
+    ("capped", "right", False),
+    ("ESS", "right", False),
+    ("filtered", "right", False),
+    ("rejected / screened", "left", True),
+)
+
+
+def _peers_table(s: dict[str, Any], now: float, wide: bool) -> Table:
+    table = Table(
+        title="peers",
+        title_justify="left",
+        expand=False,
+        header_style="dim",
+        box=box.HEAVY_HEAD if wide else box.SIMPLE,
+    )
+    any_trust = any(p.get("trust") for p in (s.get("peers") or {}).values())
+    keep = [(wide or narrow) and (name != "trust" or any_trust) for name, _, narrow in PEER_COLUMNS]
+    for (name, justify, _), shown in zip(PEER_COLUMNS, keep):
+        if shown:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    peers = sorted((s.get("peers") or {}).values(), key=lambda p: (-(p.get("samples_admitted") or 0), p["peer_id"]))
+    for p in peers:
+        o = p.get("offpolicy") or {}
+        reasons = [f"{safe(k)}×{v}" for k, v in (p.get("rejected") or {}).items()]
+        reasons += [f"screened {safe(k)}×{v}" for k, v in (p.get("screened") or {}).items()]
+        trust = safe(p.get("trust")) or "–"
+        until = p.get("quarantined_until")
+        if isinstance(until, (int, float)) and not isinstance(until, bool):
+            trust += time.strftime(" until %H:%M:%S", time.localtime(until)) if until > 1e9 else f" until round {until}"
+        row = (
+            Text(short_id(p["peer_id"])),
+            Text(safe(p.get("model"), 40) or "–"),
+            Text(safe(p.get("adapter_version"))[:10] or "–"),
+            Text(trust, style="red" if trust.startswith("quarantined") else ""),
+            _behind(p.get("last_round"), s.get("round")),
+            _ago(p.get("last_seen"), now),
+            str(p.get("samples_admitted", 0)),
+            str(p.get("samples_used", 0)),
+            _num(p.get("reward_mean")),
+            _num(o.get("is_weight_mean")),
+            _num(o.get("frac_capped")),
+            _num(o.get("ess")),
+            _num(o.get("frac_filtered")),
+            Text(", ".join(reasons) or "–", style="red" if reasons else ""),
+        )
+        table.add_row(*[cell for cell, shown in zip(row, keep) if shown])
+    return table
+
+
+def _behind(r: Any, current: Any) -> str:
+    if not isinstance(r, int):
+        return "–"
+    if not isinstance(current, int):
+        return str(r)
+    return "this round" if current - r <= 0 else f"{current - r} behind"
+
+
+def _swarm_table(s: dict[str, Any], peers: list[dict[str, Any]], source: Any, now: float) -> Table:
+    title = "swarm (DHT records)" if source == "dht" else "swarm (peers heard from)"
+    table = Table(title=title, title_justify="left", header_style="dim")
+    for name in ("peer", "model", "adapter", "last round", "packet", "last seen"):
+        table.add_column(name)
+    for p in sorted(peers, key=lambda q: str(q.get("peer_id"))):
+        mark = " (this node)" if p.get("peer_id") == s.get("peer_id") else ""
+        table.add_row(
+            Text(short_id(p.get("peer_id")) + mark),
+            Text(safe(p.get("model"), 40) or "–"),
+            Text(safe(p.get("adapter_version"))[:10] or "–"),
+            _behind(p.get("round"), s.get("round")),
+            _bytes(p.get("size")),
+            _ago(p.get("last_seen"), now),
+        )
+    return table
+
+
+def _rejections(s: dict[str, Any]) -> Table:
+    table = Table(title="rejected, by reason", title_justify="left", header_style="dim")
+    table.add_column("reason", style="red")
+    table.add_column("count", justify="right")
+    table.add_column("example", overflow="fold")
+    examples = s.get("rejected_examples") or {}
+    for reason, count in sorted((s.get("rejected") or {}).items(), key=lambda kv: -kv[1]):
+        table.add_row(Text(safe(reason)), str(count), Text(safe(examples.get(reason), 300)))
+    return table
+
+
+def watch(url: str, *, interval: float, timeout: float, console: Console) -> None:
+    """Redraw until Ctrl-C; a node that stops answering is shown as such and retried."""
+    view = fetch_view(url, timeout)  # the first answer must come, or the caller reports it
+    with Live(render(view, width=console.width), console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            time.sleep(interval)
+            try:
+                view = fetch_view(url, timeout)
+                live.update(render(view, width=console.width))
+            except Unreachable as e:
+                live.update(render(view, error=str(e), width=console.width))

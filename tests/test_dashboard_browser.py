@@ -1,0 +1,255 @@
+"""The dashboard in a real browser, against real nodes that have played real rounds.
+
+Two `ftis-node join` processes (tiny-s, short rounds) on 127.0.0.1 train on each other's
+samples while a third process, a real DHT peer, publishes a signed packet per round whose
+task id and model name are HTML markup. Headless Chromium (Debian's `chromium` and
+`chromium-driver`, installed here with apt-get when missing) driven by selenium then
+checks the bootstrap's page: one chart point per finished round, the peer in the peers
+table, the markup shown as text (no element, no script), and a layout that fits a phone.
+It saves the screenshot the README shows, docs/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.bad_peer import MARKUP, MODEL
+
+REPO = Path(__file__).resolve().parent.parent
+SCREENSHOT = Path(os.environ.get("FTIS_DASHBOARD_PNG", REPO / "docs" / "dashboard.png"))
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+ROUND_SECONDS, GATHER_SECONDS = 5, 2.5
+# The flags these machines need: no sandbox (root), no GPU, and no traffic of its own.
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _p2pd_pids() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "p2pd":
+                pids.add(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def _status(url: str) -> dict:
+    try:
+        return httpx.get(url + "/status", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _history(url: str) -> list[dict]:
+    return httpx.get(url + "/history", timeout=5).json()
+
+
+def _wait(predicate, timeout: float, what: str, logs: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    tails = {p.name: p.read_text()[-2000:] for p in logs.glob("*.log")}
+    raise AssertionError(f"timed out waiting for {what}; logs: {json.dumps(tails, indent=1)}")
+
+
+def ensure_chromium() -> None:
+    """Install Debian's chromium and chromium-driver once (as root), unless they are there."""
+    if Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists():
+        return
+    apt = shutil.which("apt-get")
+    if apt is None:
+        pytest.skip("chromium is not installed and apt-get is not available to install it")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+    with open("/tmp/ftis-node-chromium-install.lock", "w") as lock:  # one installer at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists():
+            return
+        for cmd in (
+            [*sudo, apt, "-o", "DPkg::Lock::Timeout=300", "update", "-q"],
+            [*sudo, apt, "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "chromium", "chromium-driver"],
+        ):
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            if done.returncode != 0:
+                pytest.fail(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-1500:]}")
+
+
+def _join(tmp_path: Path, name: str, swarm: str | None):
+    api_port = _free_port()
+    cmd = [sys.executable, "-m", "node.cli", "join", "--name", name, "--model", "tiny-s"]
+    cmd += ["--data-dir", str(tmp_path / name), "--swarm-id", "dash", "--host", "127.0.0.1", "--port", "0"]
+    cmd += ["--api-port", str(api_port), "--round-seconds", str(ROUND_SECONDS), "--gather-seconds", str(GATHER_SECONDS)]
+    cmd += ["--expect-peers", "2", "--prompts-per-round", "2", "--group-size", "4", "--max-tokens", "8"]
+    cmd += ["--threads", "1", "--seed", str(ord(name[0]))]  # other prompts on each node
+    if swarm:
+        cmd += ["--swarm", swarm]
+    log = open(tmp_path / f"{name}.log", "w")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), f"http://127.0.0.1:{api_port}"
+
+
+def _bad_peer(tmp_path: Path, bootstrap: str):
+    config = {"swarm_id": "dash", "host": "127.0.0.1", "port": 0, "initial_peers": [bootstrap]}
+    config["round_seconds"] = ROUND_SECONDS
+    log = open(tmp_path / "bad.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "bad_peer.py"), json.dumps(config)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    ready = json.loads(proc.stdout.readline() or '{"event": "no answer"}')
+    assert ready["event"] == "ready", ready
+    return proc, ready["peer_id"]
+
+
+def _browser(tmp_path: Path, width: int, height: int):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROME_FLAGS, f"--user-data-dir={tmp_path / f'chrome-{width}'}", f"--window-size={width},{height}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
+    ensure_chromium()
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    from node.models import model_folder, resolve_model
+
+    model_folder(resolve_model("tiny-s"))  # build once, before the nodes race for it
+    p2pd_before = _p2pd_pids()
+    procs: dict[str, subprocess.Popen] = {}
+    driver = None
+    try:
+        procs["a"], a_url = _join(tmp_path, "a", None)
+        _wait(lambda: _status(a_url).get("join_addrs"), 180, "the bootstrap to start", tmp_path)
+        a = _status(a_url)
+        procs["b"], b_url = _join(tmp_path, "b", a_url)
+        procs["bad"], bad_id = _bad_peer(tmp_path, a["join_addrs"][-1])
+        _wait(lambda: _status(b_url).get("peer_id"), 180, "b to join", tmp_path)
+        b_id = _status(b_url)["peer_id"]
+
+        def trained_with_b_and_rejected_bad() -> bool:
+            s = _status(a_url)
+            used = (s.get("peers") or {}).get(b_id, {}).get("samples_used", 0)
+            rounds_with_b = sum(1 for r in _history(a_url) if (r.get("peers") or {}).get(b_id, {}).get("used"))
+            return used > 0 and rounds_with_b >= 3 and "foreign_task" in s.get("rejected", {})
+
+        _wait(
+            trained_with_b_and_rejected_bad, 300, "a to train on b's samples 3 times and reject the bad peer", tmp_path
+        )
+
+        driver = _browser(tmp_path, 1280, 1000)
+        driver.get(a_url + "/")
+
+        def chart_points() -> tuple[int, int, int]:
+            """(own reward points, b's reward points, rounds) read close together."""
+            n = len(_history(a_url))
+            own = len(driver.find_elements(By.CSS_SELECTOR, '#chart-reward g[data-series="own"] circle'))
+            peer = len(driver.find_elements(By.CSS_SELECTOR, f'#chart-reward g[data-series="{b_id}"] circle'))
+            return own, peer, n
+
+        # The page polls every 2 s and a round takes 5 s or more: it catches up between rounds.
+        _wait(
+            lambda: (lambda o, p, n: o == n and n >= 3 and p >= 2)(*chart_points()), 60, "one point per round", tmp_path
+        )
+        history = _history(a_url)
+        rounds_with_b = sum(1 for r in history if (r.get("peers") or {}).get(b_id, {}).get("reward_mean") is not None)
+        own, peer, n = chart_points()
+        if n == len(history):
+            assert own == n and peer == rounds_with_b, (own, peer, n, rounds_with_b)
+        for chart in ("chart-admitted", "chart-used", "chart-is", "chart-capped", "chart-ess", "chart-filtered"):
+            assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg .tick"), f"{chart} has no axis ticks"
+        assert driver.find_elements(By.CSS_SELECTOR, f'#chart-used g[data-series="{b_id}"] rect')
+        legend = driver.find_element(By.CSS_SELECTOR, "#chart-reward .legend").text
+        assert "own (tiny-s)" in legend and b_id[-6:] in legend
+
+        # Rounds are counted from the start of the run; the DHT bucket is in the tooltip.
+        round_label = driver.find_element(By.ID, "round")
+        assert round_label.text.startswith("round ") and round_label.text.endswith(" of this run")
+        assert "DHT time bucket" in round_label.get_attribute("title")
+
+        row = driver.find_element(By.CSS_SELECTOR, f'#peers-table tr[data-peer="{b_id}"]')
+        assert "tiny-s" in row.text
+        assert driver.find_elements(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{b_id}"]')
+
+        # The bad peer's markup is on the page as text, and nowhere as an element.
+        detail = driver.find_element(By.CSS_SELECTOR, '#rejections tr[data-reason="foreign_task"] td.detail')
+        assert MARKUP in detail.text
+        bad_row = driver.find_element(By.CSS_SELECTOR, f'#peers-table tr[data-peer="{bad_id}"]')
+        assert MODEL in bad_row.text and "foreign_task" in bad_row.text
+        assert driver.find_elements(By.TAG_NAME, "img") == [] and driver.find_elements(By.CSS_SELECTOR, "main b") == []
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert.text  # noqa: B018
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+
+        # /metrics of the same node agrees with what the page drew.
+        metrics = httpx.get(a_url + "/metrics", timeout=5).text
+        assert f'ftis_peer_samples_used_total{{peer="{b_id}"}}' in metrics
+        assert f'ftis_rejected_total{{peer="{bad_id}",reason="foreign_task"}}' in metrics
+
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1280, min(height + 40, 4000))
+        time.sleep(1)  # charts redraw for the new size
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(SCREENSHOT))
+
+        # Phone width: everything fits the width (wide tables scroll inside their panel).
+        driver.set_window_size(390, 900)
+        time.sleep(1)
+        overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 1, f"the page is {overflow} px wider than a phone screen"
+        assert driver.find_element(By.CSS_SELECTOR, "#chart-reward svg").size["width"] <= 390
+        driver.save_screenshot(str(tmp_path / "dashboard-phone.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    _wait(lambda: not (_p2pd_pids() - p2pd_before), 30, "every p2pd to exit", tmp_path)
