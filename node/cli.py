@@ -11,12 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-import click
 import typer
 from typer.core import TyperGroup
 
 from node import __version__
-from node.cli_options import CliError, with_config_options
+from node.cli_options import Abort, ClickException, CliError, UsageError, with_config_options
 
 
 class _Group(TyperGroup):
@@ -25,16 +24,17 @@ class _Group(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.ClickException as err:
+        except ClickException as err:
             message = err.format_message()
-            if isinstance(err, click.UsageError) and err.ctx is not None and not isinstance(err, CliError):
-                message += f" (see '{err.ctx.command_path} --help')"
-            click.echo(f"error: {message}", err=True)
+            if message:  # empty: no arguments at all, and the help was shown
+                if isinstance(err, UsageError) and err.ctx is not None:
+                    message += f" (see '{err.ctx.command_path} --help')"
+                typer.echo(f"error: {message}", err=True)
             if not standalone_mode:
                 raise
             sys.exit(err.exit_code)
-        except click.exceptions.Abort:
-            click.echo("error: aborted", err=True)
+        except Abort:
+            typer.echo("error: aborted", err=True)
             sys.exit(130)
         if not standalone_mode:
             return rv

@@ -14,12 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import click
 import typer
 from pydantic.fields import FieldInfo
 from rich.markup import escape
+from typer import Abort
 
 from node.config import NodeConfig, SettingsError, env_name
+
+try:  # newer typers carry their own copy of click; older ones use click itself
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, UsageError
+
+__all__ = ["Abort", "ClickException", "CliError", "UsageError", "with_config_options"]
 
 # Help panels, in the order of NodeConfig's sections (the first field of each opens it).
 PANELS = {
@@ -32,7 +39,7 @@ PANELS = {
 }
 
 
-class CliError(click.ClickException):
+class CliError(ClickException):
     """A user's mistake: printed as one `error:` line, exit code 2."""
 
     exit_code = 2

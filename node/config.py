@@ -189,7 +189,7 @@ class NodeConfig(BaseSettings):
     announce: Addrs = Field(
         default_factory=list,
         description="Multiaddrs to announce (public address); repeatable.",
-        json_schema_extra=_extra(metavar="MULTIADDR"),
+        json_schema_extra=_extra("the addresses it listens on", metavar="MULTIADDR"),
     )
     client_mode: bool = Field(False, description="Do not accept incoming connections (behind NAT).")
     auto_relay: bool = Field(False, description="Reach peers through relays (behind NAT).")
@@ -199,7 +199,7 @@ class NodeConfig(BaseSettings):
     )
     gather_seconds: float = Field(5.0, ge=0, description="Longest wait for peers' packets each round.")
     expect_peers: int | None = Field(
-        None, ge=0, description="Stop waiting once this many peers answered.", json_schema_extra=_extra("wait")
+        None, ge=0, description="Stop waiting once this many peers answered.", json_schema_extra=_extra("wait until --gather-seconds")
     )
     # --- the status API
     api_host: str = Field("127.0.0.1", description="Interface of the REST status API and dashboard.")

@@ -184,13 +184,15 @@ class RoundPrinter:
 
 
 def join_model(model: str) -> str:
-    """The `--model` to suggest to others: this node's own when others can have it too
-    (an alias or a Hub id), else a small model every machine has (a local folder is not)."""
-    from pathlib import Path
+    """The `--model` to suggest to others: this node's own when others can have it too (an
+    alias or a Hub id), else a model every machine can build (a local folder is only here)."""
+    from node.models import ModelLoadError, resolve_model
 
-    if "/" in model and Path(model).expanduser().exists():
-        return "tiny-s"
-    return model
+    try:
+        kind = resolve_model(model).kind
+    except ModelLoadError:
+        kind = "local"
+    return "tiny-s" if kind == "local" else model
 
 
 def _reachable_host(api_host: str) -> str:
