@@ -5,6 +5,7 @@
     GET /history     one record per finished round
     GET /peers       per-peer counters and off-policy diagnostics
     GET /healthz     200 while the node runs
+    GET /openapi.json  the API's schema (no /docs page: it would need a CDN)
 
 Served by uvicorn in a daemon thread, so the round loop stays plain synchronous code.
 """
@@ -24,7 +25,9 @@ from node.status import NodeStatus
 
 
 def create_app(status: NodeStatus) -> FastAPI:
-    app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.")
+    # No /docs or /redoc: their pages load Swagger/ReDoc from a CDN and are blank offline.
+    # The schema itself is served at /openapi.json.
+    app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.", docs_url=None, redoc_url=None)
     dashboard = files("node").joinpath("dashboard.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

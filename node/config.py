@@ -86,7 +86,7 @@ class GenerationDefaults(BaseModel):
 # instruct model (its tokenizer has a chat template) needs the template to answer at all,
 # and room to write a sentence around its answer; see README, "SmolLM2 on a CPU".
 PLAIN_DEFAULTS = GenerationDefaults(chat_template=False, max_tokens=32, temperature=1.0)
-INSTRUCT_DEFAULTS = GenerationDefaults(chat_template=True, max_tokens=96, temperature=0.7)
+INSTRUCT_DEFAULTS = GenerationDefaults(chat_template=True, max_tokens=64, temperature=0.7)
 
 
 def default_data_root() -> Path:
@@ -199,7 +199,10 @@ class NodeConfig(BaseSettings):
     )
     gather_seconds: float = Field(5.0, ge=0, description="Longest wait for peers' packets each round.")
     expect_peers: int | None = Field(
-        None, ge=0, description="Stop waiting once this many peers answered.", json_schema_extra=_extra("wait until --gather-seconds")
+        None,
+        ge=0,
+        description="Stop waiting once this many peers answered.",
+        json_schema_extra=_extra("wait until --gather-seconds"),
     )
     # --- the status API
     api_host: str = Field("127.0.0.1", description="Interface of the REST status API and dashboard.")
