@@ -29,7 +29,8 @@ _TICK_S = 0.25
 
 
 def round_label(round_in_run: int | None, total: int | None, bucket: int | None, solo: bool) -> str:
-    """`round 3/10 [179628180]`: counted from this run's start; the DHT bucket in brackets."""
+    """`round 3/10 [179628180]`: counted from this run's start; the DHT bucket in brackets.
+    Solo, rounds are the node's own (a resumed run goes on counting, as --rounds does)."""
     if round_in_run is None:
         return "round –"
     label = f"round {round_in_run}" + (f"/{total}" if total else "")
@@ -125,8 +126,8 @@ class RoundPrinter:
                 sys.stdout.flush()
 
     def label(self, view: dict[str, Any]) -> str:
-        total = self.config.rounds
-        return round_label(view.get("round_in_run"), total, view.get("round"), self.solo)
+        number = view["round"] + 1 if self.solo and view.get("round") is not None else view.get("round_in_run")
+        return round_label(number, self.config.rounds, view.get("round"), self.solo)
 
     # ------------------------------------------------------------------ lines
     def ready(self, node) -> None:
@@ -153,7 +154,8 @@ class RoundPrinter:
 
     def round(self, result) -> None:
         m = result.metrics
-        label = round_label(getattr(result, "round_in_run", None), self.config.rounds, result.round, self.solo)
+        number = result.round + 1 if self.solo else getattr(result, "round_in_run", None)
+        label = round_label(number, self.config.rounds, result.round, self.solo)
         line = (
             f"{label}  reward {result.reward_mean:.3f}  own {result.own_samples:>4}"
             f"  peer {result.peer_samples:>4}  peers {result.peers_answered}"
