@@ -205,7 +205,8 @@ def _quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     disable_progress_bars()
-    logging.getLogger("node").setLevel(logging.WARNING)
+    for name in ("node", "hivemind"):  # their INFO lines would break the live line; warnings still show
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _prepare_model(config, printer) -> None:

@@ -213,6 +213,7 @@ class Node:
             self.status.set_phase(
                 "waiting for round",
                 r,
+                round_in_run=self.rounds_played + 1,
                 starts_at=time.time() + round_start(r, self.cfg.round_seconds) - self.swarm.dht_time(),
             )
             while not self.stopping:  # sleep in slices so a stop is seen quickly
