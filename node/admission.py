@@ -67,6 +67,7 @@ class Admission:
         limits: Limits | None = None,
         stale_rounds: int = 2,
         min_group_size: int = 2,
+        chat_template: bool = False,
     ) -> None:
         self.task = task
         self.tokenizer = tokenizer
@@ -77,14 +78,21 @@ class Admission:
         self.limits = limits or Limits()
         self.stale_rounds = stale_rounds
         self.min_group_size = min_group_size
+        self.chat_template = chat_template
         self._prompt_cache: dict[str, list[int]] = {}
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """Our tokenization of a prompt (the same for own and peers' samples)."""
+        """Our tokenization of a prompt, the one place prompts become ids: own prompts and the
+        prompts rebuilt for peers' samples get the same ids (and the same chat template, if on)."""
         if prompt not in self._prompt_cache:
             if len(self._prompt_cache) > 4096:
                 self._prompt_cache.clear()
-            self._prompt_cache[prompt] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            text = prompt
+            if self.chat_template:
+                from node.models.chat import chat_prompt
+
+                text = chat_prompt(self.tokenizer, prompt)
+            self._prompt_cache[prompt] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self._prompt_cache[prompt]
 
     def admit(self, peer_id: str, data: bytes, current_round: int) -> Admitted:

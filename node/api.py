@@ -7,6 +7,7 @@
     GET /swarm       every peer this node knows of in the swarm (model, adapter, last round)
     GET /metrics     Prometheus text format (names prefixed ftis_)
     GET /healthz     200 while the node runs
+    GET /openapi.json  the API's schema (no /docs page: it would need a CDN)
 
 Served by uvicorn in a daemon thread, so the round loop stays plain synchronous code.
 """
@@ -36,7 +37,9 @@ CSP = (
 
 
 def create_app(status: NodeStatus) -> FastAPI:
-    app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.")
+    # No /docs or /redoc: their pages load Swagger/ReDoc from a CDN and are blank offline.
+    # The schema itself is served at /openapi.json.
+    app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.", docs_url=None, redoc_url=None)
     package = files("node")
     dashboard = package.joinpath("dashboard.html").read_text(encoding="utf-8")
     static = {name: package.joinpath(name).read_bytes() for name in STATIC}

@@ -1,5 +1,9 @@
 """The `ftis-node` command line. Heavy imports (torch, hivemind) happen inside commands,
-so `ftis-node --help` and `ftis-node version` answer instantly."""
+so `ftis-node --help` and `ftis-node --version` answer instantly.
+
+Every mistake a user can make ends the same way: one `error: ...` line on stderr and exit
+code 2 (`_Group.main` formats click's usage errors, bad settings and failed checks alike).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,70 @@ import sys
 from pathlib import Path
 
 import typer
+from typer.core import TyperGroup
 
 from node import __version__
-from node.cli_options import with_config_options
+from node.cli_options import Abort, ClickException, CliError, UsageError, with_config_options
+
+
+class _Group(TyperGroup):
+    """The root command: any usage error or CliError becomes one `error:` line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as err:
+            message = err.format_message()
+            if message:  # empty: no arguments at all, and the help was shown
+                if isinstance(err, UsageError) and err.ctx is not None:
+                    message += f" (see '{err.ctx.command_path} --help')"
+                typer.echo(f"error: {message}", err=True)
+            if not standalone_mode:
+                raise
+            sys.exit(err.exit_code)
+        except Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(130)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     name="ftis-node",
+    cls=_Group,
     help="Peer-to-peer collaborative RL for language models with F-TIS.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 bench_app = typer.Typer(help="Benchmarks that print figures (and JSON with --json).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+
+
+def _version_line() -> str:
+    from protocol import PROTOCOL_VERSION
+
+    return f"ftis-node {__version__} (protocol {PROTOCOL_VERSION})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(_version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Peer-to-peer collaborative RL for language models with F-TIS.
+
+    Start with `ftis-node join --help` (a node in a swarm) or `ftis-node demo` (a local swarm).
+    """
 
 
 def _emit(result: dict, as_json: bool, table: str) -> None:
@@ -33,9 +88,7 @@ def _emit(result: dict, as_json: bool, table: str) -> None:
 @app.command()
 def version() -> None:
     """Print the ftis-node version and the wire protocol version."""
-    from protocol import PROTOCOL_VERSION
-
-    typer.echo(f"ftis-node {__version__} (protocol {PROTOCOL_VERSION})")
+    typer.echo(_version_line())
 
 
 @app.command()
@@ -128,6 +181,7 @@ SWARM_ONLY = {
     "client_mode",
     "auto_relay",
     "startup_timeout",
+    "swarm_wait",
     "gather_seconds",
     "expect_peers",
     "peer_share",
@@ -137,29 +191,67 @@ SWARM_ONLY = {
 
 
 def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(code)
+    err = CliError(message)
+    err.exit_code = code
+    raise err
+
+
+def _quiet_libraries() -> None:
+    """transformers' and the hub's own progress bars would fight the node's one spinner."""
+    import logging
+
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    for name in ("node", "hivemind"):  # their INFO lines would break the live line; warnings still show
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _prepare_model(config, printer) -> None:
+    """Build the project's own model once (a spinner of its own), before the node's spinner starts."""
+    from node.models import EMBEDDED_SMOLLM2, model_folder, resolve_model
+
+    spec = resolve_model(config.model)
+    if spec.kind == "tiny":
+        with printer.spinner(f"preparing {config.model} (built once, then cached)…"):
+            model_folder(spec)
+    elif spec.kind == "embedded":
+        with printer.spinner(f"preparing {EMBEDDED_SMOLLM2} (converted once from its GGUF, about a minute)…"):
+            model_folder(spec, progress=False)
 
 
 def _run_node(config, *, use_swarm: bool) -> None:
     from node.daemon import Node, install_stop_handlers
     from node.models import ModelLoadError
+    from node.preflight import PreflightError, check_all
     from node.progress import RoundPrinter
     from node.swarm.errors import SwarmStartError
 
+    try:  # everything a user can get wrong, in seconds, before anything starts
+        config = check_all(config, use_swarm=use_swarm)
+    except PreflightError as err:
+        _fail(str(err))
+    _quiet_libraries()
     printer = RoundPrinter(config, solo=not use_swarm)
     node = Node(config, use_swarm=use_swarm, on_round=printer.round, on_ready=printer.ready)
     install_stop_handlers(node)
     try:
+        _prepare_model(config, printer)
         with printer.loading():
             node.setup()
-    except SwarmStartError as err:
+    except (SwarmStartError, ModelLoadError, OSError) as err:  # OSError: e.g. a port taken since the check
         node.close()
         _fail(str(err))
-    except (ValueError, FileNotFoundError, ModelLoadError) as err:  # bad model / task / checkpoint settings
+    except (ValueError, FileNotFoundError) as err:  # bad task / checkpoint settings
         node.close()
         _fail(str(err))
-    results = node.run()
+    printer.watch(node)
+    try:
+        results = node.run()
+    finally:
+        printer.stop()
     printer.summary(results)
 
 
@@ -180,13 +272,18 @@ def join(
 
 
 @app.command()
-@with_config_options(exclude=SWARM_ONLY)
+@with_config_options(exclude=SWARM_ONLY | {"api_host", "api_port"})
 def train(config, resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint.")) -> None:
     """Train one node on its own samples, with no swarm (the solo loop)."""
+    from node.preflight import PreflightError, check_data_dir
     from node.train.checkpoint import load_latest
 
     if config.rounds is None:
         _fail("pass --rounds N (how many rounds to train)")
+    try:
+        check_data_dir(config.node_dir)
+    except PreflightError as err:
+        _fail(str(err))
     ckpt_dir = config.node_dir / "checkpoints"
     if not resume and load_latest(ckpt_dir) is not None:
         _fail(f"checkpoints exist in {ckpt_dir}; pass --resume to continue, or a new --data-dir / --name")
@@ -221,6 +318,28 @@ def status(
         sys.stdout.write(json.dumps(view["status"], indent=2, sort_keys=True) + "\n")
     else:
         console.print(render(view, width=console.width))
+
+
+@app.command()
+def export(
+    data_dir: Path = typer.Argument(..., help="A node's --data-dir (the folder with checkpoints/)."),
+    out: Path = typer.Argument(..., help="New folder to write the export to."),
+    merge: bool = typer.Option(False, "--merge", help="Write merged full weights instead of a LoRA adapter."),
+) -> None:
+    """Export the newest good checkpoint as a folder transformers, peft and vLLM load elsewhere.
+
+    LoRA nodes give an adapter (its base named by Hub id, or copied into OUT/base for the
+    project's own models), the tokenizer and a model card; --merge gives full weights.
+    """
+    from node.export import ExportError, export_checkpoint
+    from node.models import ModelLoadError
+
+    _quiet_libraries()
+    try:
+        path = export_checkpoint(data_dir, out, merge=merge)
+    except (ExportError, ModelLoadError, OSError) as err:
+        _fail(str(err))
+    typer.echo(f"exported to {path} (see {path / 'README.md'} for how to load it)")
 
 
 @app.command()

@@ -1,7 +1,8 @@
 """Build typer options from `NodeConfig`'s fields, so flags and settings share one definition.
 
 Every generated option defaults to None ("not given"), so a flag that is left out does
-not override the environment or the YAML file; the help shows the setting's default.
+not override the environment or the YAML file. The help of each option shows the
+setting's default, its choices, and the environment variable and YAML key that set it too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,42 @@ from pathlib import Path
 from typing import Any, Literal
 
 import typer
-from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from rich.markup import escape
+from typer import Abort
 
-from node.config import NodeConfig
+from node.config import NodeConfig, SettingsError, env_name
+
+try:  # newer typers carry their own copy of click; older ones use click itself
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, UsageError
+
+__all__ = ["Abort", "ClickException", "CliError", "UsageError", "with_config_options"]
+
+# Help panels, in the order of NodeConfig's sections (the first field of each opens it).
+PANELS = {
+    "name": "Identity and storage",
+    "model": "Model, task and engine",
+    "rounds": "The round and sampling",
+    "loss": "The loss",
+    "swarm": "The swarm",
+    "api_host": "Status API",
+}
+
+
+class CliError(ClickException):
+    """A user's mistake: printed as one `error:` line, exit code 2."""
+
+    exit_code = 2
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _choices(args[0])
+    return tuple(map(str, args)) if origin is Literal else ()
 
 
 def _flag_type(annotation: Any) -> Any:
@@ -26,21 +59,35 @@ def _flag_type(annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return _flag_type(args[0])
+    if origin is typing.Annotated:
+        return _flag_type(args[0])
     if origin is list:
         return list[str]
-    if origin is Literal:
-        return str
     if annotation in (int, float, bool, str, Path):
         return annotation
     return str
 
 
-def _help(field: FieldInfo) -> str:
+def default_text(field: FieldInfo) -> str | None:
+    """What `[default: ...]` shows for a setting (None: nothing to show)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("default_text"):
+        return str(extra["default_text"])
+    if field.default_factory is not None or field.default is None:
+        return None
+    default = field.default
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
+def option_help(name: str, field: FieldInfo) -> str:
+    """Description, where else the setting can be given, and its default (escaped: typer
+    renders help as rich markup, which would eat a bare `[default: ...]`)."""
     text = field.description or ""
-    if field.default_factory is None and field.default is not None and "[default" not in text:
-        default = field.default
-        text += f" [default: {str(default).lower() if isinstance(default, bool) else default}]"
-    return text
+    if len(choices := _choices(field.annotation)) > 3:
+        text += f" One of: {', '.join(choices)}."
+    text += f" (env {env_name(name)}, yaml {name})"
+    shown = default_text(field)
+    return text + (escape(f" [default: {shown}]") if shown is not None else "")
 
 
 def _flag_names(name: str, flag_type: Any) -> list[str]:
@@ -69,17 +116,34 @@ def with_config_options(
             inspect.Parameter(
                 "config_file",
                 inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(None, "--config", help="YAML file with settings (keys as the flags, with _)."),
+                default=typer.Option(
+                    None,
+                    "--config",
+                    help="YAML file of settings, keys named like the flags with _ (model: tiny-s). Env FTIS_CONFIG.",
+                    show_default=False,
+                    rich_help_panel="Settings file",
+                ),
                 annotation=Path | None,
             )
         )
-        for name, field in fields.items():
+        panel = "Options"
+        for name, field in NodeConfig.model_fields.items():
+            panel = PANELS.get(name, panel)
+            if name not in fields:
+                continue
             flag_type = _flag_type(field.annotation)
             params.append(
                 inspect.Parameter(
                     name,
                     inspect.Parameter.KEYWORD_ONLY,
-                    default=typer.Option(None, *_flag_names(name, flag_type), help=_help(field), show_default=False),
+                    default=typer.Option(
+                        None,
+                        *_flag_names(name, flag_type),
+                        help=option_help(name, field),
+                        show_default=False,
+                        rich_help_panel=panel,
+                        metavar=_metavar(field, flag_type),
+                    ),
                     annotation=flag_type | None,
                 )
             )
@@ -91,8 +155,8 @@ def with_config_options(
             overrides = {k: (None if v == [] else v) for k, v in kwargs.items()}
             try:
                 config = NodeConfig.load(config_file, **overrides)
-            except (ValidationError, FileNotFoundError) as err:
-                raise typer.BadParameter(_readable(err)) from None
+            except SettingsError as err:
+                raise CliError(err.lines[0] if len(err.lines) == 1 else "; ".join(err.lines)) from None
             return fn(config=config, **own_kwargs)
 
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -103,12 +167,10 @@ def with_config_options(
     return decorate
 
 
-def _readable(err: Exception) -> str:
-    """One line per bad setting, naming the flag the user should fix."""
-    if not isinstance(err, ValidationError):
-        return str(err)
-    lines = []
-    for e in err.errors():
-        flag = "--" + "-".join(str(p) for p in e["loc"]).replace("_", "-") if e["loc"] else "settings"
-        lines.append(f"{flag}: {e['msg'].removeprefix('Value error, ')}")
-    return "; ".join(lines)
+def _metavar(field: FieldInfo, flag_type: Any) -> str | None:
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("metavar"):
+        return str(extra["metavar"])
+    if choices := _choices(field.annotation):
+        return "[" + "|".join(choices) + "]" if len(choices) <= 3 else "NAME"
+    return {int: "INT", float: "FLOAT", Path: "PATH", str: "TEXT"}.get(flag_type)

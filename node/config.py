@@ -4,28 +4,89 @@ Precedence, highest first: command-line flags, `FTIS_*` environment variables, t
 file named by `--config` (or `FTIS_CONFIG`), then the defaults below. The CLI builds its
 `join`/`train` options from these fields, so the help text of a flag is the
 `description` written here and nothing can drift between the two.
+
+One source per setting. Most settings are handed on to the part that uses them: the loss
+(`LossConfig`), the trainer (`TrainerConfig`), the sampler (`Sampling`) and the swarm
+(`SwarmConfig`). Their bounds are not copied here: `NodeConfig` validates each value by
+building that part's own config (`loss_config()`, `trainer_config()`, ...), so a value they
+would refuse is refused here, before anything starts, under this setting's flag. Their
+defaults are written here too, because those modules import torch and hivemind and
+`ftis-node --help` must answer at once; `SOURCES` names each owner, and a test holds every
+default here equal to its owner's. Protocol limits (`protocol.Limits`) and the swarm id
+rule (`protocol.keys`) are imported directly.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import types
+import typing
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+import yaml
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
 
-LOSS_CHOICES = ("f-tis", "tis", "vis", "nois", "f-nois", "f-vis", "alone")
-DEFAULT_PORT = 31337
+from protocol import Limits, ProtocolError
+from protocol.keys import validate_swarm_id
+
+ENV_PREFIX = "FTIS_"
+#: `--loss`: the loss variants of node/train/ftis.py (`VARIANTS`), and `alone` (train on own samples only).
+Loss = Literal["f-tis", "tis", "vis", "nois", "f-nois", "f-vis", "alone"]
+LOSS_CHOICES: tuple[str, ...] = typing.get_args(Loss)
 DEFAULT_API_PORT = 8470
-# The YAML file of the `load` call in progress (pydantic-settings asks the class for sources).
-_YAML_FILE: ContextVar[Path | None] = ContextVar("ftis_yaml_file", default=None)
+#: What the packet codec accepts; a node must never build a packet its peers refuse.
+LIMITS = Limits()
+
+# Where each setting is validated and used: NodeConfig field -> (module, class, field there).
+SOURCES: dict[str, tuple[str, str, str]] = {
+    "loss": ("node.train.ftis", "LossConfig", "variant"),
+    "is_cap": ("node.train.ftis", "LossConfig", "is_cap"),
+    "kl_threshold": ("node.train.ftis", "LossConfig", "kl_threshold"),
+    "kl_reduction": ("node.train.ftis", "LossConfig", "kl_reduction"),
+    "train_mode": ("node.train.trainer", "TrainerConfig", "mode"),
+    "lora_rank": ("node.train.trainer", "TrainerConfig", "lora_rank"),
+    "lr": ("node.train.trainer", "TrainerConfig", "lr"),
+    "seed": ("node.train.trainer", "TrainerConfig", "seed"),
+    "device": ("node.train.trainer", "TrainerConfig", "device"),
+    "dtype": ("node.train.trainer", "TrainerConfig", "dtype"),
+    "temperature": ("node.rollout.base", "Sampling", "temperature"),
+    "top_p": ("node.rollout.base", "Sampling", "top_p"),
+    "top_k": ("node.rollout.base", "Sampling", "top_k"),
+    "max_tokens": ("node.rollout.base", "Sampling", "max_tokens"),
+    "swarm_id": ("node.swarm.dht", "SwarmConfig", "swarm_id"),
+    "host": ("node.swarm.dht", "SwarmConfig", "host"),
+    "port": ("node.swarm.dht", "SwarmConfig", "port"),
+    "announce": ("node.swarm.dht", "SwarmConfig", "announce_maddrs"),
+    "client_mode": ("node.swarm.dht", "SwarmConfig", "client_mode"),
+    "auto_relay": ("node.swarm.dht", "SwarmConfig", "use_auto_relay"),
+    "startup_timeout": ("node.swarm.dht", "SwarmConfig", "startup_timeout"),
+    "round_seconds": ("node.swarm.dht", "SwarmConfig", "round_seconds"),
+}
+
+
+class GenerationDefaults(BaseModel):
+    """What `--max-tokens`, `--temperature` and `--chat-template` mean when not given."""
+
+    chat_template: bool
+    max_tokens: int
+    temperature: float
+
+
+# The project's tiny models answer in a dozen tokens and were warm-started at T = 1. An
+# instruct model (its tokenizer has a chat template) needs the template to answer at all,
+# and room to write a sentence around its answer; see README, "SmolLM2 on a CPU".
+PLAIN_DEFAULTS = GenerationDefaults(chat_template=False, max_tokens=32, temperature=1.0)
+INSTRUCT_DEFAULTS = GenerationDefaults(chat_template=True, max_tokens=64, temperature=0.7)
 
 
 def default_data_root() -> Path:
@@ -34,44 +95,81 @@ def default_data_root() -> Path:
     return Path(base) / "ftis-node"
 
 
+def _split_list(value: Any) -> Any:
+    """A list setting from the environment or a flag: a JSON list, or items split on commas/spaces."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return yaml.safe_load(text)  # JSON is YAML
+        return [item for item in text.replace(",", " ").split() if item]
+    return value
+
+
+Addrs = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
+
+
+def _extra(default_text: str | None = None, **more: Any) -> dict[str, Any]:
+    """Help metadata for fields whose default is computed (shown as `[default: ...]`)."""
+    return {"default_text": default_text, **more} if default_text else more
+
+
 class NodeConfig(BaseSettings):
     """Everything one node needs to run. Field descriptions double as `--help` text."""
 
-    model_config = SettingsConfigDict(env_prefix="FTIS_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # --- identity and storage
-    name: str = Field("node", description="Human-readable node name (shown on the dashboard).")
+    name: str = Field("node", min_length=1, description="Human-readable node name (shown on the dashboard).")
     data_dir: Path | None = Field(
         None,
-        description="Folder for identity keys and checkpoints [default: ~/.local/share/ftis-node/<name>].",
+        description="Folder for identity keys, checkpoints and status.json.",
+        json_schema_extra=_extra("~/.local/share/ftis-node/<name>"),
     )
     # --- model, task, engine
-    model: str = Field("tiny-s", description="Model alias (see `ftis-node models`) or a local HF folder.")
+    model: str = Field("tiny-s", description="Model alias (see `ftis-node models`), Hugging Face id or local folder.")
     task: str = Field("toy", description="Task spec, e.g. toy, toy:ood, gym:chain_sum, gsm8k:/path/train.jsonl.")
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: hf (CPU default) or vllm (GPU).")
     train_mode: Literal["lora", "full"] = Field("lora", description="Train a LoRA adapter or the full model.")
-    lora_rank: int = Field(8, ge=1, description="LoRA rank.")
-    lr: float | None = Field(None, gt=0, description="Learning rate [default: 1e-6 full, 2e-4 LoRA].")
+    lora_rank: int = Field(8, description="LoRA rank.")
+    lr: float | None = Field(None, description="Learning rate.", json_schema_extra=_extra("1e-6 full, 2e-4 LoRA"))
     threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
     device: str = Field("cpu", description="Where the trainer and the hf engine run: cpu, cuda, cuda:1, ...")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights' dtype in the trainer and the hf engine (bfloat16 on GPUs)."
     )
     # --- the round
-    rounds: int | None = Field(None, ge=1, description="Stop after this many rounds [default: run until stopped].")
-    round_seconds: float = Field(30.0, gt=0, description="Length of a time-bucketed round, in seconds.")
-    prompts_per_round: int = Field(8, ge=1, description="Own prompts answered per round.")
-    group_size: int = Field(12, ge=2, description="Completions per prompt (G).")
-    max_tokens: int = Field(32, ge=1, description="Maximum completion tokens.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (recorded in every packet).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling p (1 = off).")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    rounds: int | None = Field(
+        None, ge=1, description="Stop after this many rounds.", json_schema_extra=_extra("run until stopped")
+    )
+    round_seconds: float = Field(30.0, description="Length of a time-bucketed round, in seconds.")
+    prompts_per_round: int = Field(
+        8, ge=1, le=LIMITS.max_groups, description="Own prompts answered per round (groups in a packet)."
+    )
+    group_size: int = Field(12, ge=2, le=LIMITS.max_completions_per_group, description="Completions per prompt (G).")
+    max_tokens: int | None = Field(
+        None,
+        le=LIMITS.max_tokens_per_completion,
+        description="Maximum completion tokens.",
+        json_schema_extra=_extra(f"{INSTRUCT_DEFAULTS.max_tokens} for instruct models, {PLAIN_DEFAULTS.max_tokens}"),
+    )
+    temperature: float | None = Field(
+        None,
+        description="Sampling temperature (recorded in every packet).",
+        json_schema_extra=_extra(f"{INSTRUCT_DEFAULTS.temperature} for instruct models, {PLAIN_DEFAULTS.temperature}"),
+    )
+    top_p: float = Field(1.0, description="Nucleus sampling p (1 = off).")
+    top_k: int = Field(0, description="Top-k sampling (0 = off).")
+    chat_template: bool | None = Field(
+        None,
+        description="Wrap prompts in the model's chat template (own prompts and peers' alike).",
+        json_schema_extra=_extra("on when the tokenizer has one"),
+    )
     seed: int = Field(0, description="Seed for task sampling, generation and training.")
     # --- the loss
-    loss: str = Field("f-tis", description="Loss variant: " + ", ".join(LOSS_CHOICES) + ".")
-    is_cap: float = Field(2.0, gt=0, description="C, the cap of the truncated IS weight.")
+    loss: Loss = Field("f-tis", description="Loss variant; alone = publish, but train on own samples only.")
+    is_cap: float = Field(2.0, description="C, the cap of the truncated IS weight.")
     kl_threshold: float | None = Field(
-        None, gt=0, description="g, the filter's KL threshold [default: 50 for sum, 0.5 for mean]."
+        None, description="g, the filter's KL threshold.", json_schema_extra=_extra("50 for sum, 0.5 for mean")
     )
     kl_reduction: Literal["sum", "mean"] = Field("sum", description="KL reduction over a sequence's tokens.")
     peer_share: float = Field(0.5, ge=0, le=1, description="Largest share of peers' samples in a batch.")
@@ -79,43 +177,150 @@ class NodeConfig(BaseSettings):
         "graft", description="Peers with another tokenizer: sequence-level weight (graft) or drop."
     )
     # --- the swarm
-    swarm: list[str] = Field(
-        default_factory=list, description="Multiaddr of a peer to join (repeatable). None: start a new swarm."
+    swarm: Addrs = Field(
+        default_factory=list,
+        description="A peer to join: its multiaddr, or the status URL of any running node (http://host:8470). "
+        "Repeatable.",
+        json_schema_extra=_extra("start a new swarm", metavar="ADDR|URL"),
     )
     swarm_id: str = Field("ftis", description="Swarm name; only nodes with the same name exchange packets.")
-    host: str = Field("0.0.0.0", description="Interface to listen on.")
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port for the DHT (0 = any free port).")
-    announce: list[str] = Field(default_factory=list, description="Multiaddrs to announce (public address).")
+    host: str = Field("0.0.0.0", description="Interface the DHT listens on.")
+    port: int = Field(31337, description="TCP port for the DHT (0 = any free port).")
+    announce: Addrs = Field(
+        default_factory=list,
+        description="Multiaddrs to announce (public address); repeatable.",
+        json_schema_extra=_extra("the addresses it listens on", metavar="MULTIADDR"),
+    )
     client_mode: bool = Field(False, description="Do not accept incoming connections (behind NAT).")
     auto_relay: bool = Field(False, description="Reach peers through relays (behind NAT).")
-    startup_timeout: float = Field(60.0, gt=0, description="Seconds to wait for the DHT to start.")
+    startup_timeout: float = Field(60.0, description="Seconds to wait for the DHT to start.")
+    swarm_wait: float = Field(
+        5.0, gt=0, description="Seconds to keep asking a --swarm status URL that does not answer yet."
+    )
     gather_seconds: float = Field(5.0, ge=0, description="Longest wait for peers' packets each round.")
-    expect_peers: int | None = Field(None, ge=0, description="Stop waiting once this many peers answered.")
+    expect_peers: int | None = Field(
+        None,
+        ge=0,
+        description="Stop waiting once this many peers answered.",
+        json_schema_extra=_extra("wait until --gather-seconds"),
+    )
     # --- the status API
     api_host: str = Field("127.0.0.1", description="Interface of the REST status API and dashboard.")
     api_port: int | None = Field(DEFAULT_API_PORT, ge=0, le=65535, description="API port (0 = any free port).")
 
-    @field_validator("loss")
+    @field_validator("loss", mode="before")
     @classmethod
-    def _known_loss(cls, value: str) -> str:
-        value = value.lower()
-        if value not in LOSS_CHOICES:
-            raise ValueError(f"unknown loss {value!r}; use one of: {', '.join(LOSS_CHOICES)}")
-        return value
+    def _loss_spelling(cls, value: Any) -> Any:
+        return value.strip().lower().replace("_", "-") if isinstance(value, str) else value
+
+    @field_validator("swarm_id")
+    @classmethod
+    def _swarm_id_rule(cls, value: str) -> str:
+        try:
+            return validate_swarm_id(value)  # the rule every DHT key is built with
+        except ProtocolError as err:
+            raise ValueError(str(err)) from None
+
+    @model_validator(mode="after")
+    def _owners_accept(self) -> NodeConfig:
+        """Each part that takes these settings validates them now, not after the DHT started."""
+        errors: list[dict[str, Any]] = []
+        for build in (self.loss_config, self.trainer_config, self.sampling, self.swarm_config):
+            try:
+                build()
+            except ValidationError as err:
+                errors.extend(_as_own_errors(err))
+        tokens = self.prompts_per_round * self.group_size * (self.max_tokens or INSTRUCT_DEFAULTS.max_tokens)
+        if tokens > LIMITS.max_total_tokens:
+            errors.append(
+                _value_error(
+                    "max_tokens",
+                    self.max_tokens,
+                    f"prompts-per-round x group-size x max-tokens = {tokens} tokens is over the "
+                    f"{LIMITS.max_total_tokens} a packet may carry",
+                )
+            )
+        unique = list({(e["loc"], e["type"]): e for e in errors}.values())  # the trainer re-checks the loss
+        if unique:
+            raise ValidationError.from_exception_data(type(self).__name__, unique)  # type: ignore[arg-type]
+        return self
+
+    # ------------------------------------------------------------------ the parts' own configs
+    def loss_config(self) -> Any:
+        from node.train.ftis import LossConfig
+
+        return LossConfig(
+            variant="f-tis" if self.loss == "alone" else self.loss,
+            is_cap=self.is_cap,
+            kl_reduction=self.kl_reduction,
+            kl_threshold=self.kl_threshold,
+        )
+
+    def trainer_config(self) -> Any:
+        from node.train.trainer import TrainerConfig
+
+        return TrainerConfig(
+            mode=self.train_mode,
+            lora_rank=self.lora_rank,
+            lr=self.lr,
+            loss=self.loss_config(),
+            seed=self.seed,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
+    def generation(self, has_chat_template: bool) -> GenerationDefaults:
+        """Chat template, max tokens and temperature for a model, the given ones winning."""
+        base = INSTRUCT_DEFAULTS if has_chat_template else PLAIN_DEFAULTS
+        chat = self.chat_template if self.chat_template is not None else base.chat_template
+        return GenerationDefaults(
+            chat_template=chat and has_chat_template,
+            max_tokens=self.max_tokens if self.max_tokens is not None else base.max_tokens,
+            temperature=self.temperature if self.temperature is not None else base.temperature,
+        )
+
+    def sampling(self, has_chat_template: bool = False) -> Any:
+        from node.rollout.base import Sampling
+
+        gen = self.generation(has_chat_template)
+        return Sampling(temperature=gen.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=gen.max_tokens)
+
+    def swarm_config(self, **runtime: Any) -> Any:
+        """The swarm's settings; `runtime` adds what only the daemon knows (peers, identity)."""
+        from node.swarm.dht import SwarmConfig
+
+        return SwarmConfig(
+            swarm_id=self.swarm_id,
+            host=self.host,
+            port=self.port,
+            announce_maddrs=self.announce,
+            client_mode=self.client_mode,
+            use_auto_relay=self.auto_relay,
+            startup_timeout=self.startup_timeout,
+            round_seconds=self.round_seconds,
+            **runtime,
+        )
 
     @property
     def node_dir(self) -> Path:
         return self.data_dir or default_data_root() / self.name
 
+    # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> NodeConfig:
-        """Flags (`overrides`, None = not given) > env > YAML file > defaults."""
-        config_file = config_file or (Path(p) if (p := os.environ.get("FTIS_CONFIG")) else None)
-        if config_file is not None and not Path(config_file).is_file():
-            raise FileNotFoundError(f"config file {config_file} not found")
+        """Flags (`overrides`, None = not given) > env > YAML file > defaults.
+
+        Raises SettingsError, whose lines name where each bad value came from.
+        """
+        config_file = config_file or (Path(p) if (p := os.environ.get(ENV_PREFIX + "CONFIG")) else None)
+        if config_file is not None:
+            _check_yaml(Path(config_file))
+        flags = {k: v for k, v in overrides.items() if v is not None}
         token = _YAML_FILE.set(config_file)
         try:
-            return cls(**{k: v for k, v in overrides.items() if v is not None})
+            return cls(**flags)
+        except ValidationError as err:
+            raise SettingsError(describe_errors(err, flags, config_file)) from None
         finally:
             _YAML_FILE.reset(token)
 
@@ -132,3 +337,101 @@ class NodeConfig(BaseSettings):
         if (yaml_file := _YAML_FILE.get()) is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
+
+
+# The YAML file of the `load` call in progress (pydantic-settings asks the class for sources).
+_YAML_FILE: ContextVar[Path | None] = ContextVar("ftis_yaml_file", default=None)
+
+
+class SettingsError(ValueError):
+    """Bad settings; `lines` holds one readable line per bad value."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _check_yaml(path: Path) -> None:
+    if not path.is_file():
+        raise SettingsError([f"--config {path}: file not found"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SettingsError([f"--config {path}: not readable YAML ({str(err).splitlines()[0]})"]) from None
+    if data is not None and not isinstance(data, dict):
+        raise SettingsError([f"--config {path}: expected keys and values (like `model: tiny-s`)"])
+
+
+def _env_value(field: str) -> str | None:
+    wanted = env_name(field).lower()  # pydantic-settings matches env names case-insensitively
+    return next((v for k, v in os.environ.items() if k.lower() == wanted), None)
+
+
+def source_of(field: str, flags: dict[str, Any], config_file: Path | None) -> str:
+    """Where the value of `field` came from, as the user would type it."""
+    if field in flags:
+        value = flags[field]
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        return f"{flag_name(field)} {shown}"
+    if (env := _env_value(field)) is not None:
+        return f"{env_name(field)}={env}"
+    if config_file is not None:
+        try:
+            data = yaml.safe_load(Path(config_file).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            data = {}
+        if field in data:
+            return f"{field}: {data[field]} (in {config_file})"
+    return flag_name(field)
+
+
+def describe_errors(err: ValidationError, flags: dict[str, Any], config_file: Path | None) -> list[str]:
+    """One line per bad value, naming the flag, variable or YAML key it came from."""
+    fields = NodeConfig.model_fields
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(field, list(fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            where = f"in {config_file}" if config_file is not None else "given"
+            lines.append(f"{field} {where}: not a setting{hint}")
+        elif e["type"] == "literal_error" and field in fields:
+            choices = typing.get_args(_strip_optional(fields[field].annotation))
+            lines.append(f"{source_of(field, flags, config_file)}: use one of {', '.join(map(str, choices))}")
+        else:
+            lines.append(f"{source_of(field, flags, config_file)}: {message}" if field else message)
+    return lines
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def _value_error(field: str, value: Any, message: str) -> dict[str, Any]:
+    return {"type": "value_error", "loc": (field,), "input": value, "ctx": {"error": ValueError(message)}}
+
+
+def _as_own_errors(err: ValidationError) -> list[dict[str, Any]]:
+    """A part's validation errors, re-addressed to the NodeConfig fields they came from."""
+    owner = err.title
+    reverse = {(cls, sub): mine for mine, (_, cls, sub) in SOURCES.items()}
+    out = []
+    for e in err.errors():
+        sub = str(e["loc"][0]) if e["loc"] else ""
+        if owner == "TrainerConfig" and sub == "loss":
+            continue  # reported by the LossConfig check itself
+        mine = reverse.get((owner, sub), sub or "settings")
+        out.append({"type": e["type"], "loc": (mine,), "input": e.get("input"), "ctx": e.get("ctx", {})})
+    return out

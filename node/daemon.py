@@ -15,8 +15,10 @@ was trained since the last one, and the DHT is shut down (no orphan p2pd).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -44,6 +46,8 @@ class RoundResult:
     peers_answered: int
     seconds: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    round_in_run: int | None = None  # 1, 2, ... counted from this run's start (`round` is the bucket)
+    notices: list[str] = field(default_factory=list)  # what the user should know about this round
 
 
 @dataclass
@@ -53,6 +57,7 @@ class OpenRound:
     round: int
     started_at: float
     own: list[ScoredGroup] = field(default_factory=list)
+    round_in_run: int | None = None
 
 
 class Node:
@@ -66,21 +71,22 @@ class Node:
         self.on_round = on_round  # callback(RoundResult), e.g. the CLI's progress line
         self.on_ready = on_ready  # callback(Node) once the swarm and API are up
         self.status = NodeStatus(name=cfg.name, model=cfg.model, task=cfg.task, loss=cfg.loss)
+        self.status.set(swarm_id=cfg.swarm_id if self.use_swarm else None)
         self._stop = threading.Event()
         self.swarm = exchange
         self.api = None
         self.engine = None
         self.trainer = None
         self.round_done: int | None = None
+        self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> Node:
         from node.models import model_folder, resolve_model, tokenizer_fingerprint
-        from node.rollout import Sampling, make_engine
+        from node.rollout import make_engine
         from node.tasks import get_task
-        from node.train.ftis import LossConfig
-        from node.train.trainer import Trainer, TrainerConfig
+        from node.train.trainer import Trainer
 
         cfg = self.cfg
         if cfg.threads:
@@ -92,25 +98,7 @@ class Node:
             self._start_swarm()
         self.status.set_phase("loading model")
         self.model_path = model_folder(resolve_model(cfg.model))
-        variant = "f-tis" if cfg.loss == "alone" else cfg.loss
-        loss = LossConfig(
-            variant=variant,
-            is_cap=cfg.is_cap,
-            kl_reduction=cfg.kl_reduction,
-            **({"kl_threshold": cfg.kl_threshold} if cfg.kl_threshold is not None else {}),
-        )
-        self.trainer = Trainer(
-            self.model_path,
-            TrainerConfig(
-                mode=cfg.train_mode,
-                lora_rank=cfg.lora_rank,
-                lr=cfg.lr,
-                loss=loss,
-                seed=cfg.seed,
-                device=cfg.device,
-                dtype=cfg.dtype,
-            ),
-        )
+        self.trainer = Trainer(self.model_path, cfg.trainer_config())  # loss and trainer settings, as validated
         # vLLM runs its own copy of the weights: after every load it checks itself against the
         # trainer; its LoRA slots are sized for the trainer's rank.
         extra = (
@@ -119,9 +107,10 @@ class Node:
         self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype, **extra)
         self.tokenizer = self.engine.tokenizer
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
-        self.sampling = Sampling(
-            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_tokens
-        )
+        # Instruct models (a chat template) get their own defaults; flags given win.
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        self.generation = cfg.generation(has_template)
+        self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
         self._resume()
         self.admission = Admission(
@@ -131,6 +120,7 @@ class Node:
             swarm_id=cfg.swarm_id,
             local_logprobs=self._local_logprobs,
             cross_tokenizer=cfg.cross_tokenizer,
+            chat_template=self.generation.chat_template,
         )
         if cfg.api_port is not None:
             from node.api import ApiServer
@@ -222,7 +212,12 @@ class Node:
         r = round_at(self.swarm.dht_time(), self.cfg.round_seconds)
         if self.round_done is not None and r <= self.round_done:
             r = self.round_done + 1
-            self.status.set_phase("waiting for round", r)
+            self.status.set_phase(
+                "waiting for round",
+                r,
+                round_in_run=self.rounds_played + 1,
+                starts_at=time.time() + round_start(r, self.cfg.round_seconds) - self.swarm.dht_time(),
+            )
             while not self.stopping:  # sleep in slices so a stop is seen quickly
                 wait = round_start(r, self.cfg.round_seconds) - self.swarm.dht_time()
                 if wait <= 0:
@@ -236,8 +231,9 @@ class Node:
 
     def begin_round(self, r: int) -> OpenRound:
         """Generate and score own samples, then publish them (the half before peers answer)."""
-        opened = OpenRound(round=r, started_at=time.time())
-        self.status.set_phase("generating", r)
+        self.rounds_played += 1
+        opened = OpenRound(round=r, started_at=time.time(), round_in_run=self.rounds_played)
+        self.status.set_phase("generating", r, round_in_run=self.rounds_played)
         opened.own = self.rollout(r)
         if self.swarm is not None:
             self.status.set_phase("publishing", r)
@@ -252,7 +248,7 @@ class Node:
         peers: list[ScoredGroup] = []
         answered = 0
         if self.swarm is not None:
-            self.status.set_phase("gathering", r)
+            self.status.set_phase("gathering", r, deadline=time.time() + self.cfg.gather_seconds)
             peers, answered = self._gather(r)
         if self.stopping:
             return None
@@ -260,12 +256,14 @@ class Node:
             used, left_out = list(own), len(peers)
         else:
             used, left_out = mix_groups(own, peers, self.cfg.peer_share, self._round_rng("mix", r))
-        self.status.set_phase("training", r)
+        self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
         metrics = self.train(used)
         self._account_peer_use(used, metrics)
         self.status.set_phase("checkpointing", r)
         self.checkpoint(r)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
+        with_signal = sum(1 for g in used if np.ptp(g.rewards) > 0)
+        notices = self._notices(r, start, used, with_signal, own_rewards)
         result = RoundResult(
             round=r,
             reward_mean=float(own_rewards.mean()) if own_rewards.size else 0.0,
@@ -274,8 +272,11 @@ class Node:
             peers_answered=answered,
             seconds=time.time() - start,
             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            | {"peer_groups_capped": left_out},
+            | {"peer_groups_capped": left_out, "groups_with_signal": with_signal / len(used) if used else 0.0},
+            round_in_run=opened.round_in_run,
+            notices=notices,
         )
+        self.status.set(notices=notices)
         self.status.record_round(
             RoundRecord(
                 round=r,
@@ -303,6 +304,30 @@ class Node:
         except Exception as e:  # a view for people: never worth a round
             logger.debug("known_peers failed: %r", e)
 
+    def _notices(self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own_rewards) -> list[str]:
+        """Warnings for the console and /status: nothing to learn from, a round longer than its bucket."""
+        notices = []
+        if used and with_signal == 0:
+            values = sorted({float(v) for v in own_rewards}) or [0.0]
+            notices.append(
+                f"no learning signal: all rewards equal (every sample in every group scored "
+                f"{values[0]:.3g}), so this round changes nothing; an easier task, more --max-tokens or "
+                "a larger --group-size gives the groups rewards that differ"
+            )
+        if self.swarm is not None:
+            from protocol.keys import round_at
+
+            seconds, bucket = time.time() - start, self.cfg.round_seconds
+            late = round_at(self.swarm.dht_time(), bucket) - r - 1  # buckets that passed unplayed
+            if seconds > bucket or late > 0:
+                suggest = max(bucket * 2, math.ceil(seconds * 1.5 / 10) * 10)
+                skipped = f", so {late} round(s) of the swarm went by without this node" if late > 0 else ""
+                notices.append(
+                    f"this round took {seconds:.0f} s, longer than its {bucket:g} s bucket{skipped}; "
+                    f"pass a longer --round-seconds (e.g. {suggest:g}) or fewer --prompts-per-round / --max-tokens"
+                )
+        return notices
+
     def _write_status_file(self) -> None:
         """`<data dir>/status.json`: what GET /status says, kept after the node has stopped."""
         path = self.cfg.node_dir / "status.json"
@@ -323,7 +348,12 @@ class Node:
         problems = self.task.sample_problems(self._round_rng("prompts", r), self.cfg.prompts_per_round)
         sampling = self.sampling.model_copy(update={"seed": (self.cfg.seed * 1_000_003 + r) % 2**31})
         prompt_ids = [self.admission.prompt_ids(p.prompt) for p in problems]
-        samples = self.engine.generate(prompt_ids, n=self.cfg.group_size, sampling=sampling)
+        total = len(prompt_ids)
+        self.status.set_phase("generating", r, done=0, total=total)
+        progress = {}
+        if "on_progress" in inspect.signature(self.engine.generate).parameters:  # the hf engine reports batches
+            progress["on_progress"] = lambda done: self.status.set_phase("generating", r, done=done, total=total)
+        samples = self.engine.generate(prompt_ids, n=self.cfg.group_size, sampling=sampling, **progress)
         groups = []
         for problem, ids, answers in zip(problems, prompt_ids, samples):
             group = ScoredGroup(

@@ -73,6 +73,7 @@ class Demo:
             raise ValueError(f"--nodes must be between 2 and {len(ROSTER) + int(with_smollm)}")
         from node.config import LOSS_CHOICES
 
+        loss = loss.strip().lower()
         if loss not in LOSS_CHOICES:
             raise ValueError(f"unknown loss {loss!r}; use one of: {', '.join(LOSS_CHOICES)}")
         roster = list(ROSTER[: nodes - int(with_smollm)]) + ([SMOLLM] if with_smollm else [])
@@ -205,7 +206,7 @@ class Demo:
             "rounds",
             "reward",
             "own",
-            "peer used",
+            "peer samples used",
             "peers",
             "filtered",
             "IS w",
@@ -226,7 +227,7 @@ class Demo:
                 _fmt(s.get("rounds_done")),
                 _fmt(last.get("reward_mean")),
                 _fmt(last.get("own_samples")),
-                _fmt(last.get("peer_samples")),
+                _fmt(sum(r.get("peer_samples", 0) for r in self.history.get(node.name, [])) if last else None),
                 _fmt(last.get("peers_answered")),
                 _fmt(m.get("frac_filtered")),
                 _fmt(m.get("is_weight_mean")),
@@ -275,19 +276,23 @@ class Demo:
 
     def run(self) -> dict[str, dict]:
         self.start()
-        try:
-            with Live(self.table(), console=self.console, refresh_per_second=2) as live:
+        with Live(self.table(), console=self.console, refresh_per_second=2) as live:
+            try:
                 while True:
                     self.poll()
                     live.update(self.table())
                     if all(s.get("exit_code") is not None for s in self.last.values()):
                         break
                     time.sleep(1.0)
-        except KeyboardInterrupt:
-            self.console.print("stopping the nodes…")
-        finally:
-            self.stop()
-            self.read_status_files()
+            except KeyboardInterrupt:
+                self.console.print("stopping the nodes…")
+            finally:
+                self.stop()
+                # The nodes' own status.json files hold their last word (the last /status poll
+                # may predate their final round): the table left on screen shows that, as the
+                # summary below does.
+                self.read_status_files()
+                live.update(self.table(), refresh=True)
         summary = self.summary()
         (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.console.print(self.summary_table(summary))

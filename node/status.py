@@ -103,6 +103,11 @@ class NodeStatus:
         self.info: dict[str, Any] = {"name": name, "model": model, "task": task, "loss": loss}
         self.phase = "starting"
         self.round: int | None = None
+        # Where the loop is inside its phase (e.g. {"done": 3, "total": 8} while generating),
+        # since when, and which round of this run it is (1, 2, ...; `round` is the DHT bucket).
+        self.phase_detail: dict[str, Any] = {}
+        self.phase_since = time.time()
+        self.round_in_run: int | None = None
         self.adapter_version: str | None = None
         self.history: deque[RoundRecord] = deque(maxlen=history)
         self.peers: dict[str, PeerStats] = {}
@@ -119,11 +124,30 @@ class NodeStatus:
         with self._lock:
             self.info.update(info)
 
-    def set_phase(self, phase: str, round_: int | None = None) -> None:
+    def set_phase(
+        self, phase: str, round_: int | None = None, *, round_in_run: int | None = None, **detail: Any
+    ) -> None:
+        """Enter (or update) a phase; `detail` replaces the phase's progress detail."""
         with self._lock:
+            if phase != self.phase or (round_ is not None and round_ != self.round):
+                self.phase_since = time.time()
             self.phase = phase
+            self.phase_detail = detail
             if round_ is not None:
                 self.round = round_
+            if round_in_run is not None:
+                self.round_in_run = round_in_run
+
+    def phase_view(self) -> dict[str, Any]:
+        """The few fields a progress line needs, without copying peers and history."""
+        with self._lock:
+            return {
+                "phase": self.phase,
+                "round": self.round,
+                "round_in_run": self.round_in_run,
+                "phase_detail": dict(self.phase_detail),
+                "phase_since": self.phase_since,
+            }
 
     def reject(self, peer_id: str | None, reason: str, detail: str = "", count: int = 1) -> None:
         """Count rejected things by reason (and by peer when known); keep one example per reason."""
@@ -217,7 +241,10 @@ class NodeStatus:
             return {
                 **self.info,
                 "phase": self.phase,
+                "phase_detail": dict(self.phase_detail),
+                "phase_since": self.phase_since,
                 "round": self.round,
+                "round_in_run": self.round_in_run,
                 "adapter_version": self.adapter_version,
                 "uptime_s": round(time.time() - self.started_at, 1),
                 "rounds_done": self._rounds_done,

@@ -17,9 +17,9 @@ def test_precedence_flags_env_yaml(tmp_path, monkeypatch):
 
 
 def test_bad_values_name_the_setting(tmp_path):
-    with pytest.raises(ValueError, match="unknown loss 'bogus'"):
+    with pytest.raises(ValueError, match="--loss bogus: use one of f-tis"):
         NodeConfig.load(loss="bogus")
-    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+    with pytest.raises(ValueError, match="missing.yaml: file not found"):
         NodeConfig.load(tmp_path / "missing.yaml")
     (tmp_path / "bad.yaml").write_text("modle: tiny-s\n")
     with pytest.raises(ValueError, match="modle"):
@@ -34,3 +34,37 @@ def test_cli_version_and_help_list_only_real_commands():
     for command in ("version", "bench", "join", "train", "demo", "models"):
         assert command in help_text
     assert "qwen2.5-1.5b" in runner.invoke(app, ["models"]).output
+
+
+def test_defaults_agree_with_the_modules_that_own_them():
+    """NodeConfig writes its defaults out (so `--help` needs no torch); they must be the owners'."""
+    import importlib
+
+    from node.config import LOSS_CHOICES, PLAIN_DEFAULTS, SOURCES
+    from node.swarm.dht import DEFAULT_PORT
+    from node.train.ftis import VARIANTS
+
+    computed_by_owner = {"kl_threshold", "lr", "max_tokens", "temperature", "loss"}
+    for field, (module, cls, sub) in SOURCES.items():
+        owner = getattr(importlib.import_module(module), cls).model_fields[sub]
+        if field not in computed_by_owner:
+            assert NodeConfig.model_fields[field].default == owner.default, (field, cls, sub)
+    assert NodeConfig.model_fields["port"].default == DEFAULT_PORT
+    assert set(LOSS_CHOICES) == {*VARIANTS, "alone"}
+    from node.rollout.base import Sampling
+
+    assert (PLAIN_DEFAULTS.max_tokens, PLAIN_DEFAULTS.temperature) == (
+        Sampling.model_fields["max_tokens"].default,
+        Sampling.model_fields["temperature"].default,
+    )
+    cfg = NodeConfig()
+    assert cfg.loss_config().kl_threshold == 50.0 and cfg.trainer_config().learning_rate == 2e-4
+
+
+def test_is_cap_below_one_is_refused_by_the_settings_check():
+    """LossConfig's bound (C >= 1) applies before anything starts, under the flag's name."""
+    from node.config import SettingsError
+
+    with pytest.raises(SettingsError) as err:
+        NodeConfig.load(is_cap=0.5)
+    assert err.value.lines == ["--is-cap 0.5: Input should be greater than or equal to 1"]

@@ -30,7 +30,7 @@ from node.models import (
     tokenizer_fingerprint,
     warm_start,
 )
-from node.models.registry import atomic_build
+from node.models.cache import atomic_build
 from node.models.tiny import tiny_build_key
 from node.models.tokenizer import ALT, PROJECT, save_tokenizer
 from node.tasks import ToyTask

@@ -9,9 +9,9 @@ pass@1 is measured on fixed in-distribution and out-of-distribution sets.
 
 Within one seed every variant starts from the same weights, draws its prompts from the
 same seeded stream and samples with the same seeds, so variants differ only by the loss
-(and, from round 1 on, by what the loss has done to the weights). One exception: the
-daemon's batch mix draws from the prompt stream, so Alone, which mixes nothing, sees other
-prompts than the sharing variants from round 1 on.
+(and, from round 1 on, by what the loss has done to the weights). Alone included: the
+prompts, the sampling seed and the batch mix each draw from a generator seeded by (seed,
+purpose, round) alone (`Node._round_rng`), so mixing nothing changes no one's prompts.
 
 `dht_check` repeats one short setting through real hivemind DHTs (`node.swarm.Swarm`, two
 DHT processes on 127.0.0.1) and next to an in-process run of the same setting, and
@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from node.config import LOSS_CHOICES, NodeConfig
+from node.train.ftis import VARIANTS
 
 __all__ = [
     "BUILTIN_PAIRS",
@@ -49,7 +50,7 @@ __all__ = [
     "run_pair",
 ]
 
-DEFAULT_VARIANTS: tuple[str, ...] = ("alone", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+DEFAULT_VARIANTS: tuple[str, ...] = ("alone", *VARIANTS)  # the baseline first, then the loss variants
 TASK_KINDS = ("toy", "gym", "gsm8k", "math500")
 # What a round record keeps from the trainer's metrics (the rest stays in the node's status).
 ROUND_METRICS = (
@@ -322,8 +323,8 @@ def _node_config(
         group_size=cfg.group_size,
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
-        # Each node its own prompt stream, the same in every variant. (The daemon's batch mix
-        # draws from that stream too, so from round 1 on Alone's prompts differ from the rest.)
+        # Each node its own prompt stream, the same in every variant (Alone's too: the batch
+        # mix draws from a generator of its own).
         seed=seed * 100 + index,
         loss=variant,
         is_cap=cfg.is_cap,

@@ -12,25 +12,43 @@ built offline from the package's Q4_1 GGUF (dequantised, so its weights differ a
 little from the Hub's bf16 ones). They are kept apart on purpose: a node must know
 which weights it runs, so there is no silent fallback from one to the other.
 
-The cache root is ``$FTIS_CACHE`` or ``~/.cache/ftis-node``; model folders go in
-``<root>/models``. Builds are atomic (a temporary folder renamed into place) and
+Built models live in the cache (``node.models.cache``: ``$FTIS_CACHE`` or
+``~/.cache/ftis-node``). Builds are atomic (a temporary folder renamed into place) and
 serialised by a lock file, so a crash never leaves half a folder and two processes
 building the same model at once both end with the same complete folder.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from node.models.cache import ModelLoadError, atomic_build, cache_root, is_model_folder, models_dir
+from node.models.hub import LOCAL_CHOICES, hub_load_options
+from node.models.smollm import EMBEDDED_SMOLLM2, ensure_smollm2
+from node.models.tiny import TINY_NAMES, build_tiny
+from node.models.warmstart import TINY_SKILLS
+
+__all__ = [
+    "EMBEDDED_SMOLLM2",
+    "HUB_ALIASES",
+    "TINY_NAMES",
+    "TINY_SKILLS",
+    "ModelLoadError",
+    "ModelSpec",
+    "all_aliases",
+    "atomic_build",
+    "cache_root",
+    "is_model_folder",
+    "load_model",
+    "load_tokenizer",
+    "model_folder",
+    "models_dir",
+    "resolve_model",
+]
 
 ModelKind = Literal["hub", "local", "tiny", "embedded"]
 
@@ -50,16 +68,8 @@ HUB_ALIASES: dict[str, str] = {
     "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
     "llama-3.2-3b-instruct": "meta-llama/Llama-3.2-3B-Instruct",
 }
-#: The project's own tiny models (see node.models.tiny), built on first use.
-TINY_NAMES: tuple[str, ...] = ("tiny-s", "tiny-m", "tiny-l", "tiny-alt")
-TINY_SKILLS: tuple[str, ...] = ("add", "sub")
-EMBEDDED_SMOLLM2 = "smollm2-135m-embedded"
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
-class ModelLoadError(RuntimeError):
-    """A model that cannot be resolved or loaded, with what to do about it."""
 
 
 class ModelSpec(BaseModel):
@@ -108,83 +118,14 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     )
 
 
-# ---------------------------------------------------------------- cache folders
-
-
-def cache_root() -> Path:
-    """``$FTIS_CACHE`` or ``~/.cache/ftis-node``."""
-    return Path(os.environ.get("FTIS_CACHE") or Path.home() / ".cache" / "ftis-node").expanduser()
-
-
-def models_dir(cache_dir: str | Path | None = None) -> Path:
-    """The folder that holds built model folders (``cache_dir`` overrides the default)."""
-    return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "models"
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock across processes; the kernel drops it if the holder dies."""
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def is_model_folder(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def atomic_build(final: Path, build: Callable[[Path], None]) -> Path:
-    """Return ``final``, first creating it with ``build(tmp_folder)`` if it is missing.
-
-    The build writes into a fresh temporary folder next to ``final``, which is then
-    renamed into place (atomic on one filesystem): a reader sees no folder or a whole
-    one. A lock file serialises builders; the second one finds the folder done.
-    """
-    if is_model_folder(final):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(final.parent / f".{final.name}.lock"):
-        if is_model_folder(final):
-            return final  # another process finished it while we waited
-        for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a killed builder
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # not a model folder (e.g. emptied by hand): rebuild it
-            shutil.rmtree(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must stay readable
-        try:
-            build(tmp)
-            if not is_model_folder(tmp):
-                raise ModelLoadError(f"building {final.name} wrote no config.json")
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
-
-
 # ---------------------------------------------------------------- loading
-
-
-def _offline() -> bool:
-    return any(
-        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
 
 
 def model_folder(spec: ModelSpec, progress: bool = True) -> str:
     """What ``from_pretrained`` gets: a local folder (built if needed) or a Hub id."""
     if spec.kind == "tiny":
-        from node.models.tiny import build_tiny
-
         return str(build_tiny(spec.name, skill=spec.skill))  # type: ignore[arg-type]
     if spec.kind == "embedded":
-        from node.models.smollm import ensure_smollm2
-
         return str(ensure_smollm2(progress=progress))
     if spec.kind == "local":
         return str(spec.path)
@@ -236,10 +177,10 @@ def load_model(
         spec = resolve_model(spec)
     torch_dtype = _torch_dtype(dtype)
     source = model_folder(spec, progress=progress)
-    options: dict[str, Any] = {"local_files_only": True} if spec.kind == "hub" and _offline() else {}
+    # A Hub model that cannot be had fails here, in seconds, not after the hub client's retries.
+    options: dict[str, Any] = hub_load_options(spec.hf_id) if spec.hf_id is not None else {}
     try:
-        # The config first: it is the smallest file, so an unreachable Hub fails once
-        # (after the hub client's retries) instead of once per file.
+        # The config first: it is the smallest file, so a Hub that breaks off fails once, not once per file.
         AutoConfig.from_pretrained(source, **options)
         tokenizer = load_tokenizer(source, **options)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **options)
@@ -247,13 +188,13 @@ def load_model(
         if spec.kind != "hub":
             raise ModelLoadError(f"cannot load model {spec.name!r} from {source}: {exc}") from exc
         mode = (
-            "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+            "loading it from the local Hugging Face cache failed"
             if options
-            else "the Hugging Face Hub could not be reached or has no such model"
+            else "the Hugging Face Hub answered, but has no such model or refused it"
         )
         raise ModelLoadError(
-            f"cannot load {spec.hf_id!r} ({mode}). No network? Pass a local model folder, or use "
-            f"a model the project builds itself: tiny-s, tiny-m, tiny-l, tiny-alt or {EMBEDDED_SMOLLM2}. "
+            f"cannot load {spec.hf_id!r} ({mode}). Pass a local model folder, or use "
+            f"a model the project builds itself: {LOCAL_CHOICES}. "
             f"Reason: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
     model.to(device)

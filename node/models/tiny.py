@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from node.models.registry import TINY_NAMES, TINY_SKILLS, ModelLoadError, atomic_build, models_dir
+from node.models.cache import ModelLoadError, atomic_build, models_dir
 from node.models.tokenizer import ALT, PROJECT, TokenizerRecipe, save_tokenizer, tokenizer_fingerprint
-from node.models.warmstart import Skill, WarmStartRecipe
+from node.models.warmstart import TINY_SKILLS, Skill, WarmStartRecipe
 
 #: Bump when the build changes in a way the recipes below do not capture.
 BUILD_VERSION = 2
@@ -81,7 +81,8 @@ TINY_MODELS: dict[str, TinyModelConfig] = {
         init_seed=1,
     ),
 }
-assert tuple(TINY_MODELS) == TINY_NAMES, "registry.TINY_NAMES must list the same models"
+#: The names `--model` accepts for them (a skill may follow: tiny-s:add).
+TINY_NAMES: tuple[str, ...] = tuple(TINY_MODELS)
 
 
 def _config(name: str) -> TinyModelConfig:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import typing
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     import torch
 
 Skill = Literal["add", "sub"]
+#: The skills a tiny model can be warm-started on (``tiny-s:add``).
+TINY_SKILLS: tuple[str, ...] = typing.get_args(Skill)
 
 
 class WarmStartRecipe(BaseModel):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +133,14 @@ class HFEngine(RolloutEngine):
             torch.manual_seed(seed)
             yield
 
-    def generate(self, prompts: list[str] | list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        n: int,
+        sampling: Sampling,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[list[Sample]]:
+        """As `RolloutEngine.generate`; `on_progress(prompts_done)` is called after each batch."""
         check_request(n, sampling)
         if not prompts:
             return []
@@ -147,6 +154,8 @@ class HFEngine(RolloutEngine):
         with self._seeded(sampling.seed), torch.inference_mode():
             for start in range(0, len(ids), per_call):
                 results.extend(self._generate_chunk(ids[start : start + per_call], n, sampling))
+                if on_progress is not None:
+                    on_progress(len(results))
         return results
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[Sample]]:

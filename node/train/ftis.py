@@ -6,8 +6,8 @@ The trainer computes `logp` (the local policy's per-token log-probs, with grad) 
 padded micro-batch and calls `ftis_loss`, which returns the scalar loss and a dict of
 detached float metrics.
 
-The loss, line by line as in DESIGN.md (group = one prompt answered G times by ONE
-generator model):
+The loss, line by line as in the README's "The loss" section (group = one prompt
+answered G times by ONE generator model):
 
     A_i     = (r_i - mean(r)) / (std(r) + 1e-6)        group_advantages()
     delta_t = logp[t].detach() - logp_gen[t]
@@ -34,6 +34,7 @@ losses (or accumulates their gradients): the result is exactly the full-batch lo
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any, Literal
 
 import torch
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 Variant = Literal["nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
-VARIANTS: tuple[str, ...] = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+VARIANTS: tuple[str, ...] = typing.get_args(Variant)
 KlReduction = Literal["sum", "mean"]
 
 # The paper's threshold g = 50 is for kl summed over a completion's tokens. With a

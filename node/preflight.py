@@ -1,0 +1,102 @@
+"""Checks a node runs before it starts anything, so a user's mistake costs seconds, not a round.
+
+Each check raises `PreflightError` with one line that says what is wrong and what to type
+instead; the CLI prints it as `error: ...` and exits with code 2. Nothing here starts a
+DHT, loads weights or binds a port for longer than the check takes.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import uuid
+from pathlib import Path
+
+from node.config import NodeConfig, flag_name
+
+__all__ = ["PreflightError", "check_data_dir", "check_model", "check_port", "resolve_swarm"]
+
+
+class PreflightError(RuntimeError):
+    """A setting that cannot work on this machine, with the fix in the message."""
+
+
+def check_data_dir(folder: Path) -> None:
+    """The data folder exists (or can be made) and takes a file."""
+    probe = folder / f".write-test-{uuid.uuid4().hex[:8]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        if isinstance(err, (NotADirectoryError, FileExistsError)) or err.errno in (errno.ENOTDIR, errno.EEXIST):
+            reason = "a file is in the way: part of that path is not a folder"
+        raise PreflightError(
+            f"--data-dir {folder}: cannot write there ({reason}); pass --data-dir with a folder you can write"
+        ) from None
+
+
+def check_port(host: str, port: int, what: str, flag: str) -> None:
+    """Nothing listens on host:port (port 0 always works)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As the real listeners do: a port in TIME_WAIT is free, one with a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise PreflightError(
+                    f"{flag} {port}: the {what} port {host}:{port} is in use (another node, or an old one still "
+                    f"running?); pass {flag} 0 for any free port, or another port"
+                ) from None
+            raise PreflightError(f"{flag} {port}: cannot listen on {host}:{port} ({err.strerror})") from None
+
+
+def resolve_swarm(cfg: NodeConfig) -> list[str]:
+    """`--swarm` entries as multiaddrs; status URLs are asked for at most `--swarm-wait` seconds."""
+    from node.swarm.errors import SwarmStartError
+    from node.swarm.join import resolve_initial_peers
+
+    try:
+        return resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait)
+    except SwarmStartError as err:
+        message = str(err)
+        if "within" in message:  # a status URL that did not answer in time
+            message += f"; if that node is still starting, pass {flag_name('swarm_wait')} 60"
+        raise PreflightError(message) from None
+
+
+def check_model(cfg: NodeConfig) -> None:
+    """The model name resolves, and a Hub model can be had now (fails in seconds when it cannot)."""
+    from node.models import resolve_model
+    from node.models.hub import hub_load_options
+
+    spec = resolve_model(cfg.model)  # ModelLoadError: unknown alias, bad folder
+    if spec.kind == "hub" and spec.hf_id is not None:
+        hub_load_options(spec.hf_id)
+
+
+def check_all(cfg: NodeConfig, *, use_swarm: bool) -> NodeConfig:
+    """Every check, cheapest first; returns the settings with `--swarm` resolved to multiaddrs."""
+    from node.models import ModelLoadError
+    from node.tasks import get_task
+
+    check_data_dir(cfg.node_dir)
+    if cfg.api_port is not None:
+        check_port(cfg.api_host, cfg.api_port, "status API", flag_name("api_port"))
+    if use_swarm:
+        check_port(cfg.host, cfg.port, "DHT", flag_name("port"))
+    try:
+        get_task(cfg.task)
+        check_model(cfg)
+    except ModelLoadError as err:
+        raise PreflightError(str(err)) from None
+    except ValueError as err:  # TaskError and friends
+        raise PreflightError(f"{flag_name('task')} {cfg.task}: {err}") from None
+    if use_swarm and cfg.swarm:
+        return cfg.model_copy(update={"swarm": resolve_swarm(cfg)})
+    return cfg

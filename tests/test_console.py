@@ -1,0 +1,132 @@
+"""What a user sees while a node runs: run-relative round numbers, the phase line, and the
+notices for a round with nothing to learn or a round longer than its bucket."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from node.api import ApiServer
+from node.config import NodeConfig
+from node.daemon import Node
+from node.progress import phase_text, round_label
+from node.status import NodeStatus
+
+
+def _config(tmp_path, **kw) -> NodeConfig:
+    base = dict(
+        name="c", data_dir=tmp_path / "c", model="tiny-s", prompts_per_round=2, group_size=4, threads=1, api_port=None
+    )
+    return NodeConfig(**(base | kw))
+
+
+def test_round_labels_and_phase_lines():
+    assert round_label(3, 10, 179628180, solo=False) == "round 3/10 [179628180]"
+    assert round_label(3, None, 179628180, solo=False) == "round 3 [179628180]"
+    assert round_label(3, 10, 2, solo=True) == "round 3/10"
+    now = 1000.0
+    view = {"phase": "generating", "phase_detail": {"done": 3, "total": 8}, "phase_since": now - 12}
+    assert phase_text(view, now) == "generating 3/8 prompts · 12 s"
+    view = {"phase": "gathering", "phase_detail": {"deadline": now + 4.2}, "phase_since": now}
+    assert phase_text(view, now) == "gathering peers' packets · 4 s left"
+    view = {"phase": "training", "phase_detail": {"samples": 96}, "phase_since": now - 2}
+    assert phase_text(view, now) == "training on 96 samples · 2 s"
+
+
+def test_phase_detail_and_round_in_run_reach_the_api():
+    status = NodeStatus(name="n", model="tiny-s", task="toy", loss="f-tis")
+    server = ApiServer(status, host="127.0.0.1", port=0).start()
+    try:
+        status.set_phase("generating", 179628180, round_in_run=3, done=2, total=8)
+        since = status.phase_view()["phase_since"]
+        status.set_phase("generating", 179628180, done=5, total=8)  # progress inside a phase keeps its start
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            s = client.get("/status").json()
+            assert s["round"] == 179628180 and s["round_in_run"] == 3
+            assert s["phase_detail"] == {"done": 5, "total": 8} and s["phase_since"] == since
+            assert client.get("/openapi.json").status_code == 200
+            assert client.get("/docs").status_code == 404  # its page needs a CDN; the schema is enough
+    finally:
+        server.stop()
+
+
+def test_a_round_with_equal_rewards_says_there_is_no_signal(tmp_path):
+    # One token cannot hold <answer>N</answer>: every reward is 0, so every advantage is 0.
+    node = Node(_config(tmp_path, rounds=1, max_tokens=1), use_swarm=False).setup()
+    seen = []
+    node.on_round = seen.append
+    results = node.run()
+    assert len(results) == 1 and results[0].round_in_run == 1
+    assert results[0].metrics["groups_with_signal"] == 0.0
+    assert any(n.startswith("no learning signal: all rewards equal") for n in results[0].notices)
+    status = json.loads((tmp_path / "c" / "status.json").read_text())
+    assert any("no learning signal" in n for n in status["notices"])
+
+
+def test_a_round_longer_than_its_bucket_is_named_with_the_fix(tmp_path):
+    from node.experiment.exchange import ExchangeHub
+
+    hub = ExchangeHub()
+    cfg = _config(tmp_path, rounds=2, round_seconds=0.05, gather_seconds=0)
+    node = Node(cfg, exchange=hub.endpoint("solo")).setup()
+    results = node.run()
+    assert [r.round_in_run for r in results] == [1, 2]
+    notice = next(n for n in results[0].notices if "longer than its" in n)
+    assert "--round-seconds" in notice
+
+
+def test_chat_template_is_applied_alike_to_own_and_peers_prompts(tmp_path):
+    """An instruct model's prompts go through its chat template, in the one place prompts are
+    tokenized; a peer's packet is rebuilt with the same ids as our own prompts."""
+    from node.models import model_folder, resolve_model
+
+    folder = tmp_path / "tiny-chat"
+    shutil.copytree(model_folder(resolve_model("tiny-s")), folder)
+    config_path = folder / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config["chat_template"] = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    config_path.write_text(json.dumps(tok_config))
+    node = Node(_config(tmp_path, model=str(folder), rounds=1), use_swarm=False).setup()
+    try:
+        assert node.generation.chat_template and node.generation.max_tokens == 64
+        own = node.rollout(0)
+        text = node.tokenizer.decode(own[0].prompt_ids)
+        assert text.startswith("user: State the final answer") and text.endswith("assistant: ")
+        from node.groups import to_packet
+        from protocol import PacketHeader, SamplingParams, encode
+
+        header = PacketHeader.create(
+            swarm_id=node.cfg.swarm_id,
+            round=0,
+            sender_peer_id="peerX",
+            base_model_id="tiny-chat",
+            adapter_version=node.engine.adapter_version,
+            tokenizer_fingerprint=node.fingerprint,
+            vocab_size=len(node.tokenizer),
+        )
+        params = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_tokens=node.sampling.max_tokens)
+        admitted = node.admission.admit("peerX", encode(to_packet(own, header, params)), 0)
+        assert admitted.groups and [g.prompt_ids for g in admitted.groups] == [g.prompt_ids for g in own]
+        assert all(np.isfinite(s.logp_gen).all() for g in admitted.groups for s in g.sequences)
+    finally:
+        node.close()
+    # and --no-chat-template turns it off
+    plain = NodeConfig(**(_config(tmp_path).model_dump() | {"chat_template": False})).generation(True)
+    assert not plain.chat_template
+
+
+@pytest.mark.parametrize("has_template", [False, True])
+def test_generation_defaults_follow_the_model_and_flags_win(has_template):
+    cfg = NodeConfig(api_port=None)
+    gen = cfg.generation(has_template)
+    assert gen.chat_template is has_template
+    assert (gen.max_tokens, gen.temperature) == ((64, 0.7) if has_template else (32, 1.0))
+    given = NodeConfig(api_port=None, max_tokens=12, temperature=1.3).generation(has_template)
+    assert (given.max_tokens, given.temperature) == (12, 1.3)
