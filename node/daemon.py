@@ -287,6 +287,7 @@ class Node:
                 peer_samples=result.peer_samples,
                 peers_answered=answered,
                 metrics={k: float(v) for k, v in result.metrics.items()},
+                round_in_run=result.round_in_run,
             ),
             adapter_version=self.trainer.adapter_version,
         )
