@@ -29,7 +29,6 @@ BODY_FIELDS = ("groups", "lengths", "finish", "texts", "ids_lo", "ids_hi", "logp
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
 _GROUP_SHAPE = "[task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n]"
 _STR = frozenset({"str"})
-_BIN = frozenset({"bin"})
 _TEXT = frozenset({"nil", "str"})
 _NAME_BYTES = 4 * MAX_NAME_CHARS  # UTF-8 takes at most 4 bytes per character
 _KEY_BYTES = 16  # the longest body field name has 8
@@ -74,13 +73,15 @@ class RawGroup(NamedTuple):
 
 
 class Body(NamedTuple):
+    """The body's fields; the binary ones are views into the (decompressed) body."""
+
     groups: list[RawGroup]
     texts: list[str | None] | None
-    lengths: bytes
-    finish: bytes
-    ids_lo: bytes
-    ids_hi: bytes
-    logprobs: bytes
+    lengths: memoryview
+    finish: memoryview
+    ids_lo: memoryview
+    ids_hi: memoryview
+    logprobs: memoryview
 
 
 def _read_groups(r: BoundedReader, limits: Limits) -> list[RawGroup]:
@@ -154,7 +155,7 @@ def read_body(buf: bytes | memoryview, limits: Limits) -> Body:
         elif key == "texts":
             fields[key] = _read_texts(r, max_completions, limits.max_text_chars)
         else:
-            fields[key] = r.scalar(f"body field {key!r}", _BIN)
+            fields[key] = r.binary(f"body field {key!r}")
     r.finish()
     if len(fields) != len(BODY_FIELDS):
         fail(ErrorCode.BAD_SCHEMA, f"body fields are missing: {[k for k in BODY_FIELDS if k not in fields]}")

@@ -35,6 +35,54 @@ sampled with probability below 1.6e-28 gives no usable importance ratio anyway.
 
 Cost per token: 2 + P/8 + 2 bytes, plus 5 bytes per completion and the strings, so
 about 4.3 B/token for vocab 151,646 and 4.05 for 49,152, against 8 for int32 + fp32.
+
+Bounds the decoder enforces, every one before a completion is built (the numbers are
+`Limits` and their defaults; the reason code of each rejection in brackets):
+
+    packet      at most max_bytes (4 MiB) as received                       [too_large]
+                magic, FORMAT_VERSION, no unknown flag, and the two lengths adding
+                up to the packet's size    [bad_magic, bad_version, bad_flags, truncated,
+                                            length_mismatch]
+    header      at most MAX_HEADER_BYTES (8 KiB; a valid header is under 5.5 KiB), so
+                unpacking it is cheap whatever it holds; a map without repeated keys;
+                protocol_version == PROTOCOL_VERSION, then PacketHeader's schema,
+                strictly (no coercion)      [too_large, bad_msgpack, bad_version, bad_schema]
+    zstd body   one frame that declares its size, at most max_bytes, with a window of
+                at most max_bytes rounded up to a power of two, decompressed in one
+                shot into exactly the declared size   [decompression_bomb, bad_compression]
+    body        read item by item (protocol/body.py, protocol/reader.py): a container's
+                declared length is checked against what the schema allows BEFORE the
+                container is entered, and only scalars are ever built. A map of the
+                seven fields, each once                              [bad_msgpack, bad_schema]
+      groups    at most max_groups (256), each exactly
+                [str, str, [4 scalars], int], names of 1-256 characters, sampling as
+                SamplingParams allows, 1 to max_completions_per_group (128) completions
+                                           [too_many_groups, bad_schema, too_many_completions]
+      texts     nil, or one entry per completion (at most max_groups * max_completions_
+                per_group entries), each nil or at most max_text_chars (200,000)
+                characters                                  [length_mismatch, text_too_long]
+      the rest  one binary each, sizes agreeing with the groups and each other
+                                                                          [length_mismatch]
+    tokens      per completion at most max_tokens_per_completion (32,768) and its
+                group's max_tokens, in all at most max_total_tokens (1,000,000)
+                                  [completion_too_long, length_mismatch, too_many_tokens]
+                finish codes known, token ids below the header's vocab_size
+                                                                 [bad_schema, bad_token_id]
+                log-probs: fixed point, so always finite and in [-64, 0]
+
+So what a rejection costs is bounded by max_bytes, never by what the bytes announce.
+Measured on the known worst packets (node/bench/fuzz_cases.py; `ftis-node bench fuzz`
+and docs/benchmarks.md have the figures): the costliest rejection takes about 3 ms of
+CPU (decompressing a 4 MB body) and 8.7 MiB of Python heap (that body and the reader's
+copy of it). 367 bytes announcing 4,000,000 empty groups, which cost 1.75 s of CPU and
+249 MiB before these bounds, are rejected in 3 ms. A valid packet costs about 8 bytes of
+heap per token to decode (1,000,000 tokens: 7.7 MiB, 1.7 ms of CPU).
+
+What the decoder does not check, because it depends on the receiver, is admission's
+job (node/admission.py): token ids against the receiver's own vocabulary, completion
+lengths against its positions (an empty completion is valid on the wire), whether the
+declared sampling parameters are sane for training (a temperature of 1e-300 is > 0),
+the task ids, and the swarm, round and sender of the header.
 """
 
 from __future__ import annotations
@@ -310,7 +358,7 @@ def _decompress(frame: bytes | memoryview, max_bytes: int) -> bytes:
     return out
 
 
-def _blob(value: bytes, key: str, dtype: str) -> np.ndarray:
+def _blob(value: memoryview, key: str, dtype: str) -> np.ndarray:
     itemsize = np.dtype(dtype).itemsize
     if len(value) % itemsize:
         fail(
@@ -336,8 +384,7 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
     body_buf: bytes | memoryview = view[header_end:]
     if flags & FLAG_ZSTD:
         body_buf = _decompress(body_buf, limits.max_bytes)
-    body = read_body(body_buf, limits)
-    del body_buf  # the decompressed copy; the fields read from it are copies
+    body = read_body(body_buf, limits)  # its binary fields are views of body_buf; the arrays below copy them
     groups = body.groups
     counts = [g.n for g in groups]
     n_comp = sum(counts)

@@ -156,6 +156,19 @@ class BoundedReader:
                 raise ProtocolError(f"{where} is {n} bytes, over the limit of {max_bytes}", code=code)
         return self._consume(self._unpacker.unpack)
 
+    def binary(self, where: str) -> memoryview:
+        """Read one bin item as a view into the buffer (no copy: the codec's arrays are
+        views of it until they are converted)."""
+        pos, b, got = self._peek()
+        if got != "bin":
+            raise ProtocolError(f"{where} must be a bin, got {_a(got)}", code=ErrorCode.BAD_SCHEMA)
+        n = self._declared_length(pos, b, got)
+        start = pos + 1 + _LENGTH_BYTES[b]
+        if start + n > self._size:
+            self._malformed(f"the {n}-byte bin at offset {pos} is cut off")
+        self._consume(self._unpacker.skip)
+        return memoryview(self._buf)[start : start + n]
+
     def finish(self) -> None:
         """The message must end exactly here."""
         pos: int = self._unpacker.tell()

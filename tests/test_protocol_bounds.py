@@ -78,7 +78,7 @@ def test_hostile_packet_is_rejected_with_bounded_memory(hostile: dict[str, bytes
     assert outcome(data) == EXPECTED[name]
     peak = heap_peak_mib(lambda: outcome(data))
     if EXPECTED[name] is None:
-        # The largest valid packet (1M tokens): its arrays, about 13 bytes per token.
+        # The largest valid packet (1M tokens): its arrays, about 8 bytes per token.
         assert peak <= 32
     else:
         # Before the fix: 249 MiB for the 4M-groups case. Rejection may copy the (at most

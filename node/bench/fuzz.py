@@ -15,11 +15,14 @@ packet from the swarm would, and is judged by node/bench/fuzz_oracle.py. The res
     decoder_accepted_invalid / decoder_rejected_valid
                               the decoder and the independent reference reader disagree
     worst_decode_s / worst_decode_mib
-                              the slowest decode (median of re-runs of the slowest cases)
-                              and the largest Python-heap peak of one decode (tracemalloc:
-                              every object and numpy buffer)
-    hostile                   the known worst inputs, each with its outcome, decode and
-                              admit time (median of repeats) and memory
+                              the slowest decode of a fuzz case (median of re-runs of the
+                              slowest ones) and the largest Python-heap peak of one decode
+                              (tracemalloc: every object and numpy buffer; traced for every
+                              `memory_every`-th case and the slowest ones)
+    hostile                   the known worst inputs, each with its outcome, decode (wall and
+                              CPU) and admit time (medians of repeats) and memory
+    worst_reject_s / _cpu_s / _mib
+                              the costliest rejection among them (goals: 50 ms, 32 MiB)
 
 Figures of time are measurements for the benchmark; the tests assert the counts and
 the memory bounds only.
@@ -178,14 +181,16 @@ def heap_peak_mib(fn: Callable[[], Any]) -> float:
         tracemalloc.stop()
 
 
-def measure(fn: Callable[[], Any], repeats: int = 5) -> tuple[float, float]:
-    """(median seconds of `fn` over `repeats` calls, `heap_peak_mib` of one more)."""
-    times = []
+def measure(fn: Callable[[], Any], repeats: int = 5) -> tuple[float, float, float]:
+    """Medians over `repeats` calls of `fn` of the wall and the CPU seconds (the CPU time
+    is the cross-check on a loaded machine), and the `heap_peak_mib` of one more call."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), heap_peak_mib(fn)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu), heap_peak_mib(fn)
 
 
 def _decode_quietly(data: bytes, limits: Any) -> str:
@@ -201,12 +206,13 @@ def _hostile(target: FuzzTarget, tally: _Tally, repeats: int) -> dict[str, dict[
     out = {}
     for name, data in hostile_cases(target.ctx).items():
         outcome = _judge(target, data, tally, {"case": name})["outcome"]
-        decode_s, decode_mib = measure(lambda: _decode_quietly(data, limits), repeats)
-        admit_s, admit_mib = measure(lambda: target.admission.admit(PEER, data, ROUND), max(1, repeats // 2))
+        decode_s, decode_cpu_s, decode_mib = measure(lambda: _decode_quietly(data, limits), repeats)
+        admit_s, _, admit_mib = measure(lambda: target.admission.admit(PEER, data, ROUND), max(1, repeats // 2))
         out[name] = {
             "bytes": len(data),
             "outcome": outcome,
             "decode_s": decode_s,
+            "decode_cpu_s": decode_cpu_s,
             "decode_mib": decode_mib,
             "admit_s": admit_s,
             "admit_mib": admit_mib,
@@ -259,7 +265,7 @@ def run_fuzz(
             progress(f"fuzz: {i + 1:,}/{cases:,} cases, {time.perf_counter() - started:.0f} s")
     worst_s, worst_s_case = 0.0, ""
     for _, i, data, mutation in sorted(timed, key=lambda t: t[0], reverse=True)[:slowest]:
-        s, mib = measure(lambda: _decode_quietly(data, limits), repeats)
+        s, _, mib = measure(lambda: _decode_quietly(data, limits), repeats)
         if s > worst_s:
             worst_s, worst_s_case = s, f"case {i} ({mutation})"
         if mib > worst_mib:
@@ -283,6 +289,7 @@ def run_fuzz(
         "worst_decode_mib": worst_mib,
         "worst_decode_mib_case": worst_mib_case,
         "worst_reject_s": max(v["decode_s"] for v in rejected.values()) if rejected else None,
+        "worst_reject_cpu_s": max(v["decode_cpu_s"] for v in rejected.values()) if rejected else None,
         "worst_reject_mib": max(v["decode_mib"] for v in rejected.values()) if rejected else None,
         "worst_reject_case": max(rejected, key=lambda k: rejected[k]["decode_s"]) if rejected else None,
         "goal_reject_s": REJECT_GOAL_S,
