@@ -72,10 +72,10 @@ Bounds the decoder enforces, every one before a completion is built (the numbers
 
 So what a rejection costs is bounded by max_bytes, never by what the bytes announce.
 Measured on the known worst packets (node/bench/fuzz_cases.py; `ftis-node bench fuzz`
-and docs/benchmarks.md have the figures): the costliest rejection takes about 3 ms of
-CPU (decompressing a 4 MB body) and 8.7 MiB of Python heap (that body and the reader's
-copy of it). 367 bytes announcing 4,000,000 empty groups, which cost 1.75 s of CPU and
-249 MiB before these bounds, are rejected in 3 ms. A valid packet costs about 8 bytes of
+and docs/benchmarks.md have the figures): the costliest rejection takes about 4 ms of
+CPU (decompressing a 2.3 MB body) and at most 8.7 MiB of Python heap (a 4 MB body and
+the reader's copy of it). 367 bytes announcing 4,000,000 empty groups, which cost 1.75 s
+of CPU and 249 MiB before these bounds, are rejected in under 1 ms. A valid packet costs about 8 bytes of
 heap per token to decode (1,000,000 tokens: 7.7 MiB, 1.7 ms of CPU).
 
 What the decoder does not check, because it depends on the receiver, is admission's
