@@ -158,6 +158,23 @@ def bench_engines(
     _emit(result, as_json, format_engine_bench(result))
 
 
+@bench_app.command("fuzz")
+def bench_fuzz(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    cases: int = typer.Option(100_000, min=0, help="Random and mutated packets to feed."),
+    seed: int = typer.Option(0, help="Seed of the case generator (same seed, same cases)."),
+    model: str = typer.Option("tiny-s", help="The receiving node's model (alias or folder)."),
+    repeats: int = typer.Option(5, min=1, help="Timing repeats of the slowest and the hostile cases; medians."),
+) -> None:
+    """Random and mutated packets through decode and admission: errors, what slips through, worst cost."""
+    from node.bench.fuzz import format_fuzz_bench, run_fuzz
+
+    result = run_fuzz(
+        cases=cases, seed=seed, model=model, repeats=repeats, progress=lambda line: typer.echo(line, err=True)
+    )
+    _emit(result, as_json, format_fuzz_bench(result))
+
+
 @bench_app.command("all")
 def bench_all(
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of tables."),

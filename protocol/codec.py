@@ -35,17 +35,66 @@ sampled with probability below 1.6e-28 gives no usable importance ratio anyway.
 
 Cost per token: 2 + P/8 + 2 bytes, plus 5 bytes per completion and the strings, so
 about 4.3 B/token for vocab 151,646 and 4.05 for 49,152, against 8 for int32 + fp32.
+
+Bounds the decoder enforces, every one before a completion is built (the numbers are
+`Limits` and their defaults; the reason code of each rejection in brackets):
+
+    packet      at most max_bytes (4 MiB) as received                       [too_large]
+                magic, FORMAT_VERSION, no unknown flag, and the two lengths adding
+                up to the packet's size    [bad_magic, bad_version, bad_flags, truncated,
+                                            length_mismatch]
+    header      at most MAX_HEADER_BYTES (8 KiB; a valid header is under 5.5 KiB), so
+                unpacking it is cheap whatever it holds; a map without repeated keys;
+                protocol_version == PROTOCOL_VERSION, then PacketHeader's schema,
+                strictly (no coercion)      [too_large, bad_msgpack, bad_version, bad_schema]
+    zstd body   one frame that declares its size, at most max_bytes, with a window of
+                at most max_bytes rounded up to a power of two, decompressed in one
+                shot into exactly the declared size   [decompression_bomb, bad_compression]
+    body        read item by item (protocol/body.py, protocol/reader.py): a container's
+                declared length is checked against what the schema allows BEFORE the
+                container is entered, and only scalars are ever built. A map of the
+                seven fields, each once                              [bad_msgpack, bad_schema]
+      groups    at most max_groups (256), each exactly
+                [str, str, [4 scalars], int], names of 1-256 characters, sampling as
+                SamplingParams allows, 1 to max_completions_per_group (128) completions
+                                           [too_many_groups, bad_schema, too_many_completions]
+      texts     nil, or one entry per completion (at most max_groups * max_completions_
+                per_group entries), each nil or at most max_text_chars (200,000)
+                characters                                  [length_mismatch, text_too_long]
+      the rest  one binary each, sizes agreeing with the groups and each other
+                                                                          [length_mismatch]
+    tokens      per completion at most max_tokens_per_completion (32,768) and its
+                group's max_tokens, in all at most max_total_tokens (1,000,000)
+                                  [completion_too_long, length_mismatch, too_many_tokens]
+                finish codes known, token ids below the header's vocab_size
+                                                                 [bad_schema, bad_token_id]
+                log-probs: fixed point, so always finite and in [-64, 0]
+
+So what a rejection costs is bounded by max_bytes, never by what the bytes announce.
+Measured on the known worst packets (node/bench/fuzz_cases.py; `ftis-node bench fuzz`
+and docs/benchmarks.md have the figures): the costliest rejection takes about 4 ms of
+CPU (decompressing a 2.3 MB body) and at most 8.7 MiB of Python heap (a 4 MB body and
+the reader's copy of it). 367 bytes announcing 4,000,000 empty groups, which cost 1.75 s
+of CPU and 249 MiB before these bounds, are rejected in under 1 ms. A valid packet costs about 8 bytes of
+heap per token to decode (1,000,000 tokens: 7.7 MiB, 1.7 ms of CPU).
+
+What the decoder does not check, because it depends on the receiver, is admission's
+job (node/admission.py): token ids against the receiver's own vocabulary, completion
+lengths against its positions (an empty completion is valid on the wire), whether the
+declared sampling parameters are sane for training (a temperature of 1e-300 is > 0),
+the task ids, and the swarm, round and sender of the header.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any, NoReturn
+from typing import Any
 
 import msgpack
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.body import fail, read_body, validated
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.packet import (
     PROTOCOL_VERSION,
@@ -53,7 +102,6 @@ from protocol.packet import (
     Group,
     PacketHeader,
     RolloutPacket,
-    SamplingParams,
     logprob_problem,
 )
 
@@ -62,6 +110,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LOGPROB_FLOOR",
     "MAGIC",
+    "MAX_HEADER_BYTES",
     "PREFIX_SIZE",
     "Limits",
     "decode",
@@ -76,6 +125,9 @@ FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
 _PREFIX = struct.Struct("<4sBBII")  # magic, format version, flags, header length, body length
 PREFIX_SIZE = _PREFIX.size
+# Any valid header fits: 5 names of at most 256 characters (4 bytes each in UTF-8), a
+# 64-character swarm id, 4 numbers and the field names come to under 5.5 KiB.
+MAX_HEADER_BYTES = 8192
 ZSTD_LEVEL = 3  # zstd's default: most of the gain at a fraction of the time of higher levels
 
 LOGPROB_FLOOR = -64.0
@@ -85,8 +137,6 @@ _LP_DECODE_STEP = np.float32(LOGPROB_FLOOR / _LP_LEVELS)
 
 _FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 _FINISH_CODE = {reason: i for i, reason in enumerate(_FINISH_REASONS)}
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
-_BODY_KEYS = frozenset({"groups", "lengths", "finish", "texts", "ids_lo", "ids_hi", "logprobs"})
 
 
 class Limits(BaseModel):
@@ -176,36 +226,11 @@ def _pack_high_bits(ids: np.ndarray, planes: int) -> bytes:
 
 def _quantize_logprobs(lps: np.ndarray) -> np.ndarray:
     clipped = np.clip(lps, LOGPROB_FLOOR, 0.0)
-    return np.rint(clipped * _LP_ENCODE_SCALE).astype("<u2")
+    q: np.ndarray = np.rint(clipped * _LP_ENCODE_SCALE).astype("<u2")
+    return q
 
 
 # --------------------------------------------------------------------------- decode
-
-
-def _fail(code: ErrorCode, reason: str) -> NoReturn:
-    raise ProtocolError(reason, code=code)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _unpack(buf: Any, what: str) -> Any:
-    try:
-        # msgpack bounds every container by the buffer size, so this cannot balloon.
-        return msgpack.unpackb(buf, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError, ...)
-        _fail(ErrorCode.BAD_MSGPACK, f"{what} is not valid msgpack: {type(e).__name__}: {e}")
-
-
-def _validate(model: type[BaseModel], obj: Any, what: str) -> Any:
-    try:
-        return model.model_validate(obj, strict=True)
-    except ValidationError as e:
-        first = e.errors(include_input=False, include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "value"
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        _fail(ErrorCode.BAD_SCHEMA, f"{what}: {loc}: {first['msg']}{more}")
 
 
 def _read_prefix(data: Any, limits: Limits, *, whole: bool = True) -> tuple[memoryview, int, int]:
@@ -216,55 +241,77 @@ def _read_prefix(data: Any, limits: Limits, *, whole: bool = True) -> tuple[memo
     if isinstance(data, memoryview):
         data = data.tobytes()  # any format or stride becomes plain bytes
     if not isinstance(data, (bytes, bytearray)):
-        _fail(ErrorCode.NOT_BYTES, f"packet must be bytes, got {type(data).__name__}")
+        fail(ErrorCode.NOT_BYTES, f"packet must be bytes, got {type(data).__name__}")
     view = memoryview(data)
     if len(view) > limits.max_bytes:
-        _fail(ErrorCode.TOO_LARGE, f"packet is {len(view)} bytes, over the limit of {limits.max_bytes}")
+        fail(ErrorCode.TOO_LARGE, f"packet is {len(view)} bytes, over the limit of {limits.max_bytes}")
     if not MAGIC.startswith(bytes(view[: len(MAGIC)])):
-        _fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
+        fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
     if len(view) < PREFIX_SIZE:
-        _fail(ErrorCode.TRUNCATED, f"packet is {len(view)} bytes, shorter than the {PREFIX_SIZE}-byte prefix")
+        fail(ErrorCode.TRUNCATED, f"packet is {len(view)} bytes, shorter than the {PREFIX_SIZE}-byte prefix")
     magic, version, flags, header_len, body_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
-        _fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
+        fail(ErrorCode.BAD_MAGIC, f"packet does not start with {MAGIC!r}")
     if version != FORMAT_VERSION:
-        _fail(
+        fail(
             ErrorCode.BAD_VERSION,
             f"format version {version} is not supported (this node reads {FORMAT_VERSION})",
         )
     if flags & ~_KNOWN_FLAGS:
-        _fail(ErrorCode.BAD_FLAGS, f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x}")
+        fail(ErrorCode.BAD_FLAGS, f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x}")
+    if header_len > MAX_HEADER_BYTES:
+        fail(ErrorCode.TOO_LARGE, f"header is {header_len} bytes, over the limit of {MAX_HEADER_BYTES}")
     header_end = PREFIX_SIZE + header_len
     if not whole:
         if header_end > len(view):
-            _fail(
+            fail(
                 ErrorCode.TRUNCATED,
                 f"header says {header_len} bytes but only {len(view) - PREFIX_SIZE} follow",
             )
         return view, flags, header_end
     expected = header_end + body_len
     if expected > len(view):
-        _fail(
+        fail(
             ErrorCode.TRUNCATED,
             f"prefix announces {header_len} header + {body_len} body bytes but only {len(view) - PREFIX_SIZE} follow",
         )
     if expected < len(view):
-        _fail(ErrorCode.LENGTH_MISMATCH, f"{len(view) - expected} unexpected bytes after the body")
+        fail(ErrorCode.LENGTH_MISMATCH, f"{len(view) - expected} unexpected bytes after the body")
     return view, flags, header_end
 
 
+def _unique_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    # A repeated key would silently keep its last value: two readers could disagree.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[Any] = set()
+        for key, _ in pairs:
+            if key in seen:
+                fail(ErrorCode.BAD_SCHEMA, f"header field {key!r} appears twice")
+            seen.add(key)
+    return out
+
+
 def _read_header(view: memoryview, header_end: int) -> PacketHeader:
-    raw = _unpack(view[PREFIX_SIZE:header_end], "header")
+    try:
+        # At most MAX_HEADER_BYTES, so even a header of nested containers builds few objects.
+        raw = msgpack.unpackb(
+            view[PREFIX_SIZE:header_end], raw=False, strict_map_key=True, max_ext_len=0, object_pairs_hook=_unique_map
+        )
+    except ProtocolError:
+        raise
+    except Exception as e:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError, ...)
+        fail(ErrorCode.BAD_MSGPACK, f"header is not valid msgpack: {type(e).__name__}: {e}")
     if not isinstance(raw, dict):
-        _fail(ErrorCode.BAD_SCHEMA, f"header must be a map, got {type(raw).__name__}")
+        fail(ErrorCode.BAD_SCHEMA, f"header must be a map, got {type(raw).__name__}")
     # Checked before the schema: another version may well have other fields.
     version = raw.get("protocol_version")
     if version != PROTOCOL_VERSION:
-        _fail(
+        fail(
             ErrorCode.BAD_VERSION,
             f"protocol version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})",
         )
-    return _validate(PacketHeader, raw, "header")
+    return validated(PacketHeader, raw, "header")
 
 
 def peek_header(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> PacketHeader:
@@ -274,40 +321,47 @@ def peek_header(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> PacketHeader:
     return _read_header(view, header_end)
 
 
-def _decompress(frame: memoryview, max_bytes: int) -> bytes:
+def _zstd_window_bound(max_bytes: int) -> int:
+    # zstd shrinks the window to the content size when it is known, so no frame of at
+    # most max_bytes needs a window above the next power of two (zstd's minimum is 1 KiB).
+    return 1 << max(10, (max_bytes - 1).bit_length())
+
+
+def _decompress(frame: bytes | memoryview, max_bytes: int) -> bytes:
     try:
         import zstandard
     except ImportError:
-        _fail(ErrorCode.BAD_COMPRESSION, "packet is zstd-compressed but the zstandard package is not installed")
+        fail(ErrorCode.BAD_COMPRESSION, "packet is zstd-compressed but the zstandard package is not installed")
     try:
-        declared = zstandard.get_frame_parameters(frame).content_size
+        params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as e:
-        _fail(ErrorCode.BAD_COMPRESSION, f"body is not a zstd frame: {e}")
+        fail(ErrorCode.BAD_COMPRESSION, f"body is not a zstd frame: {e}")
+    declared = params.content_size
     if declared == zstandard.CONTENTSIZE_UNKNOWN:
-        _fail(ErrorCode.BAD_COMPRESSION, "zstd frame does not declare its decompressed size")
+        fail(ErrorCode.BAD_COMPRESSION, "zstd frame does not declare its decompressed size")
     if declared > max_bytes:
-        _fail(
+        fail(
             ErrorCode.DECOMPRESSION_BOMB,
             f"zstd frame would decompress to {declared} bytes, over the limit of {max_bytes}",
         )
+    window = _zstd_window_bound(max_bytes)
+    if params.window_size > window:
+        fail(ErrorCode.BAD_COMPRESSION, f"zstd frame asks for a {params.window_size}-byte window, over {window}")
     try:
         # One-shot into a buffer of exactly `declared` bytes: a frame that lies about its
         # size fails here instead of growing the output.
-        out = zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False)
+        out = zstandard.ZstdDecompressor(max_window_size=window).decompress(frame, allow_extra_data=False)
     except zstandard.ZstdError as e:
-        _fail(ErrorCode.BAD_COMPRESSION, f"corrupt zstd frame: {e}")
+        fail(ErrorCode.BAD_COMPRESSION, f"corrupt zstd frame: {e}")
     if len(out) != declared:
-        _fail(ErrorCode.BAD_COMPRESSION, f"zstd frame declared {declared} bytes but gave {len(out)}")
+        fail(ErrorCode.BAD_COMPRESSION, f"zstd frame declared {declared} bytes but gave {len(out)}")
     return out
 
 
-def _blob(body: dict, key: str, dtype: str) -> np.ndarray:
-    value = body[key]
-    if not isinstance(value, bytes):
-        _fail(ErrorCode.BAD_SCHEMA, f"body field {key!r} must be binary, got {type(value).__name__}")
+def _blob(value: memoryview, key: str, dtype: str) -> np.ndarray:
     itemsize = np.dtype(dtype).itemsize
     if len(value) % itemsize:
-        _fail(
+        fail(
             ErrorCode.LENGTH_MISMATCH,
             f"body field {key!r} is {len(value)} bytes, not a multiple of {itemsize}",
         )
@@ -316,97 +370,74 @@ def _blob(body: dict, key: str, dtype: str) -> np.ndarray:
 
 def _expect_size(arr: np.ndarray, n: int, what: str) -> None:
     if arr.size != n:
-        _fail(ErrorCode.LENGTH_MISMATCH, f"{what} has {arr.size} entries, expected {n}")
+        fail(ErrorCode.LENGTH_MISMATCH, f"{what} has {arr.size} entries, expected {n}")
 
 
 def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
-    """Parse and fully validate a packet. Any problem raises `ProtocolError`, nothing else."""
+    """Parse and fully validate a packet. Any problem raises `ProtocolError`, nothing else.
+
+    Every check comes before the completions are built, and each one is bounded by the
+    limits (see the module docstring), so a rejection costs little whatever the bytes claim.
+    """
     view, flags, header_end = _read_prefix(data, limits)
     header = _read_header(view, header_end)
-    body_buf: Any = view[header_end:]
+    body_buf: bytes | memoryview = view[header_end:]
     if flags & FLAG_ZSTD:
         body_buf = _decompress(body_buf, limits.max_bytes)
-    body = _unpack(body_buf, "body")
-    if not isinstance(body, dict):
-        _fail(ErrorCode.BAD_SCHEMA, f"body must be a map, got {type(body).__name__}")
-    if body.keys() != _BODY_KEYS:
-        missing, extra = sorted(_BODY_KEYS - body.keys()), sorted(map(str, body.keys() - _BODY_KEYS))
-        _fail(ErrorCode.BAD_SCHEMA, f"body fields are wrong (missing {missing}, unexpected {extra})")
-
-    # Group structure and counts first: they bound everything that follows.
-    raw_groups = body["groups"]
-    if not isinstance(raw_groups, list):
-        _fail(ErrorCode.BAD_SCHEMA, f"body field 'groups' must be a list, got {type(raw_groups).__name__}")
-    if len(raw_groups) > limits.max_groups:
-        _fail(ErrorCode.TOO_MANY_GROUPS, f"{len(raw_groups)} groups, over the limit of {limits.max_groups}")
-    counts: list[int] = []
-    samplings: list[SamplingParams] = []
-    for gi, rg in enumerate(raw_groups):
-        if not (isinstance(rg, list) and len(rg) == 4 and isinstance(rg[2], list) and len(rg[2]) == 4):
-            _fail(
-                ErrorCode.BAD_SCHEMA,
-                f"group {gi} is not [task_id, generator_model_id, [temperature, top_p, top_k, max_tokens], n]",
-            )
-        n = rg[3]
-        if not _is_int(n) or n < 1:
-            _fail(ErrorCode.BAD_SCHEMA, f"group {gi}: completion count must be an int >= 1, got {n!r}")
-        if n > limits.max_completions_per_group:
-            _fail(
-                ErrorCode.TOO_MANY_COMPLETIONS,
-                f"group {gi} has {n} completions, over the limit of {limits.max_completions_per_group}",
-            )
-        counts.append(n)
-        samplings.append(
-            _validate(SamplingParams, dict(zip(_SAMPLING_FIELDS, rg[2], strict=True)), f"group {gi} sampling")
-        )
+    body = read_body(body_buf, limits)  # its binary fields are views of body_buf; the arrays below copy them
+    groups = body.groups
+    counts = [g.n for g in groups]
     n_comp = sum(counts)
 
-    lengths = _blob(body, "lengths", "<u4")
+    lengths = _blob(body.lengths, "lengths", "<u4")
     _expect_size(lengths, n_comp, "'lengths'")
     if n_comp and int(lengths.max()) > limits.max_tokens_per_completion:
         i = int(np.argmax(lengths))
-        _fail(
+        fail(
             ErrorCode.COMPLETION_TOO_LONG,
             f"completion {i} has {int(lengths[i])} tokens, over the limit of {limits.max_tokens_per_completion}",
         )
     n_tok = int(lengths.sum(dtype=np.int64))
     if n_tok > limits.max_total_tokens:
-        _fail(ErrorCode.TOO_MANY_TOKENS, f"{n_tok} tokens, over the limit of {limits.max_total_tokens}")
+        fail(ErrorCode.TOO_MANY_TOKENS, f"{n_tok} tokens, over the limit of {limits.max_total_tokens}")
     if n_comp:
-        allowed = np.repeat(np.array([s.max_tokens for s in samplings], dtype=np.int64), counts)
+        allowed = np.repeat(np.array([g.sampling.max_tokens for g in groups], dtype=np.int64), counts)
         over = np.flatnonzero(lengths > allowed)
         if over.size:
             i = int(over[0])
-            _fail(
+            fail(
                 ErrorCode.LENGTH_MISMATCH,
                 f"completion {i} has {int(lengths[i])} tokens, more than its group's max_tokens={int(allowed[i])}",
             )
 
-    finish = _blob(body, "finish", "u1")
+    finish = _blob(body.finish, "finish", "u1")
     _expect_size(finish, n_comp, "'finish'")
     if n_comp and int(finish.max()) >= len(_FINISH_REASONS):
-        _fail(ErrorCode.BAD_SCHEMA, f"finish reason code {int(finish.max())} is unknown")
-    texts = _read_texts(body["texts"], n_comp, limits.max_text_chars)
+        fail(ErrorCode.BAD_SCHEMA, f"finish reason code {int(finish.max())} is unknown")
+    texts = body.texts
+    if texts is None:
+        texts = [None] * n_comp
+    elif len(texts) != n_comp:
+        fail(ErrorCode.LENGTH_MISMATCH, f"'texts' has {len(texts)} entries, expected {n_comp}")
 
-    ids_lo = _blob(body, "ids_lo", "<u2")
+    ids_lo = _blob(body.ids_lo, "ids_lo", "<u2")
     _expect_size(ids_lo, n_tok, "'ids_lo'")
-    q = _blob(body, "logprobs", "<u2")
+    q = _blob(body.logprobs, "logprobs", "<u2")
     _expect_size(q, n_tok, "'logprobs'")
     planes = high_bit_planes(header.vocab_size)
     plane_bytes = (n_tok + 7) // 8
-    ids_hi = _blob(body, "ids_hi", "u1")
+    ids_hi = _blob(body.ids_hi, "ids_hi", "u1")
     _expect_size(ids_hi, planes * plane_bytes, "'ids_hi'")
 
     ids = ids_lo.astype(np.uint32)
-    if planes:
-        bits = np.unpackbits(ids_hi.reshape(planes, plane_bytes), axis=1, count=n_tok)
-        for k in range(planes):
-            ids |= bits[k].astype(np.uint32) << np.uint32(16 + k)
+    for k in range(planes):  # one plane at a time: a temporary of n_tok bytes, not planes * n_tok
+        bits = np.unpackbits(ids_hi[k * plane_bytes : (k + 1) * plane_bytes], count=n_tok)
+        ids |= bits.astype(np.uint32) << np.uint32(16 + k)
     ends = np.cumsum(lengths, dtype=np.int64)
     if n_tok and int(ids.max()) >= header.vocab_size:
         pos = int(np.argmax(ids))
         ci = int(np.searchsorted(ends, pos, side="right"))
-        _fail(
+        fail(
             ErrorCode.BAD_TOKEN_ID,
             f"completion {ci}: token id {int(ids[pos])} is outside the vocabulary (vocab_size={header.vocab_size})",
         )
@@ -414,49 +445,25 @@ def decode(data: bytes, limits: Limits = _DEFAULT_LIMITS) -> RolloutPacket:
     lps = q.astype(np.float32)
     lps *= _LP_DECODE_STEP
 
-    # Every per-token property is checked above, vectorized; building the models
-    # without re-validating each completion is what keeps decode fast.
-    end_list = ends.tolist()
+    # Everything is checked above, vectorized or per group; building the models without
+    # validating them again is what keeps decode fast.
+    end_list: list[int] = ends.tolist()
     start_list = [0, *end_list[:-1]] if end_list else []
-    finish_list = finish.tolist()
+    finish_list: list[int] = finish.tolist()
     completions = [
-        Completion.model_construct(
-            token_ids=ids[s:e],
-            logprobs=lps[s:e],
-            text=texts[i],
-            finish_reason=_FINISH_REASONS[finish_list[i]],
-        )
+        Completion.trusted(ids[s:e], lps[s:e], texts[i], _FINISH_REASONS[finish_list[i]])
         for i, (s, e) in enumerate(zip(start_list, end_list, strict=True))
     ]
-    groups = []
+    out: list[Group] = []
     first = 0
-    for gi, (rg, n, sampling) in enumerate(zip(raw_groups, counts, samplings, strict=True)):
-        raw = {
-            "task_id": rg[0],
-            "generator_model_id": rg[1],
-            "sampling": sampling,
-            "completions": completions[first : first + n],
-        }
-        groups.append(_validate(Group, raw, f"group {gi}"))
-        first += n
-    return RolloutPacket.model_construct(header=header, groups=groups)
-
-
-def _read_texts(raw: Any, n_comp: int, max_chars: int) -> list[str | None]:
-    if raw is None:
-        return [None] * n_comp
-    if not isinstance(raw, list):
-        _fail(ErrorCode.BAD_SCHEMA, f"body field 'texts' must be nil or a list, got {type(raw).__name__}")
-    if len(raw) != n_comp:
-        _fail(ErrorCode.LENGTH_MISMATCH, f"'texts' has {len(raw)} entries, expected {n_comp}")
-    for i, t in enumerate(raw):
-        if t is None:
-            continue
-        if not isinstance(t, str):
-            _fail(ErrorCode.BAD_SCHEMA, f"text of completion {i} must be a str or nil, got {type(t).__name__}")
-        if len(t) > max_chars:
-            _fail(
-                ErrorCode.TEXT_TOO_LONG,
-                f"text of completion {i} has {len(t)} characters, over the limit of {max_chars}",
+    for task_id, generator, sampling, n in groups:
+        out.append(
+            Group.model_construct(
+                task_id=task_id,
+                generator_model_id=generator,
+                sampling=sampling,
+                completions=completions[first : first + n],
             )
-    return raw
+        )
+        first += n
+    return RolloutPacket.model_construct(header=header, groups=out)

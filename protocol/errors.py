@@ -8,6 +8,7 @@ counter per code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 __all__ = ["ErrorCode", "ProtocolError"]
@@ -53,7 +54,8 @@ class ProtocolError(ValueError):
     def __repr__(self) -> str:
         return f"ProtocolError(code={self.code.value!r}, reason={self.reason!r})"
 
-    def __reduce__(self):  # keep it picklable across process boundaries (DHT child)
+    def __reduce__(self) -> tuple[Callable[[str, str], ProtocolError], tuple[str, str]]:
+        # keep it picklable across process boundaries (DHT child)
         return (_rebuild, (self.reason, self.code.value))
 
 

@@ -162,6 +162,7 @@ def test_markdown_report(report: dict) -> None:
         "## Training step",
         "## Gather latency",
         "## Rollout engines",
+        "## Fuzzing decode and admission",
     ):
         assert heading in md, heading
     assert "median over repeats" in md and "side by side in the same run" in md
@@ -194,7 +195,7 @@ def test_run_all_writes_both_files(tmp_path: Path) -> None:
     assert list(result["benchmarks"]) == ["protocol"]
     assert json.loads((tmp_path / "b.json").read_text())["benchmarks"]["protocol"]["repeats"] == 1
     assert "## Wire protocol" in (tmp_path / "b.md").read_text()
-    with pytest.raises(ValueError, match="unknown benchmark.*available: protocol, train, gather, engines"):
+    with pytest.raises(ValueError, match="unknown benchmark.*available: protocol, train, gather, engines, fuzz"):
         run_all(None, None, only=["protcol"])
 
 

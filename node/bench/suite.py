@@ -36,7 +36,7 @@ __all__ = [
     "write_report",
 ]
 
-BENCH_NAMES = ("protocol", "train", "gather", "engines")
+BENCH_NAMES = ("protocol", "train", "gather", "engines", "fuzz")
 REGENERATE = "ftis-node bench all --out docs/benchmarks.md --json-out docs/benchmarks.json"
 
 
@@ -61,16 +61,19 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
         train = {"model": "tiny-s", "batch": 4, "group_size": 2, "completion_len": 8, "repeats": 1}
         gather = {"peers": [2], "rounds": 1}
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
+        fuzz = {"cases": 300, "seeds_n": 100, "repeats": 1, "slowest": 5, "model": "tiny-s"}
     else:
         protocol = {"repeats": 5}
         train = {"model": "tiny-m", "batch": 16, "group_size": 4, "completion_len": 64, "repeats": 5}
         gather = {"peers": [2, 4, 8], "rounds": 5}
         engines = {"models": ["tiny-s", "tiny-m", "tiny-l"], "prompts": 16, "max_tokens": 32, "repeats": 5}
+        fuzz = {"cases": 100_000, "model": "tiny-s"}
     return [
         BenchSpec("protocol", "node.bench.protocol", "run_protocol_bench", protocol),
         BenchSpec("train", "node.bench.train", "run_train_bench", train),
         BenchSpec("gather", "node.bench.gather", "run_gather_bench", gather),
         BenchSpec("engines", "node.bench.engines", "run_engine_bench", engines),
+        BenchSpec("fuzz", "node.bench.fuzz", "run_fuzz", fuzz),
     ]
 
 
@@ -100,6 +103,11 @@ GOALS: tuple[Goal, ...] = (
     Goal("train", "F-TIS step overhead vs plain GRPO", lambda r: r["loss_overhead_vs_grpo"], "<=", 0.05, ""),
     Goal("train", "F-TIS step time / TRL GRPOTrainer step time", lambda r: r["ratio_vs_trl"], "<=", 1.0, "x"),
     Goal("gather", "gather median at 8 peers", lambda r: r["gather_s_median"]["8"], "<=", 0.5, "s"),
+    Goal("fuzz", "non-protocol errors (decode or admit raised)", lambda r: r["non_protocol_errors"], "<=", 0, "cases"),
+    Goal("fuzz", "admitted invalid (wire format or admission rule)", lambda r: r["admitted_invalid"], "<=", 0, "cases"),
+    Goal("fuzz", "admitted unsafe for this node (issue 10, item 0)", lambda r: r["admitted_unsafe"], "<=", 0, "cases"),
+    Goal("fuzz", "worst hostile packet: time to reject", lambda r: r["worst_reject_s"] * 1e3, "<=", 50.0, "ms"),
+    Goal("fuzz", "worst hostile packet: memory to reject", lambda r: r["worst_reject_mib"], "<=", 32.0, "MiB"),
 )
 
 
@@ -406,6 +414,41 @@ def _engines_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _fuzz_section(r: dict[str, Any], goals: list[dict[str, Any]]) -> list[str]:
+    ms = lambda v: f"{_fmt(v and v * 1e3, '.2f')} ms"  # noqa: E731
+    rows = [
+        ("cases admitted with some groups", _fmt(_get(r, "admitted_cases"))),
+        (
+            "decoder accepted invalid / rejected valid (vs the reference reader)",
+            f"{_fmt(_get(r, 'decoder_accepted_invalid'))} / {_fmt(_get(r, 'decoder_rejected_valid'))}",
+        ),
+        ("worst decode, fuzz cases", f"{ms(_get(r, 'worst_decode_s'))} ({_fmt(_get(r, 'worst_decode_case'))})"),
+        (
+            "worst decode memory, fuzz cases",
+            f"{_fmt(_get(r, 'worst_decode_mib'), '.2f')} MiB ({_fmt(_get(r, 'worst_decode_mib_case'))})",
+        ),
+        ("unsafe, by rule", ", ".join(f"{k} {v}" for k, v in sorted((_get(r, "unsafe_rules") or {}).items())) or "–"),
+    ]
+    lines = [
+        f"{_fmt(_get(r, 'cases'))} random and mutated packets, then {_fmt(_get(r, 'hostile_cases'))} known hostile "
+        "ones, through `decode` and a real `Admission` (toy task, tiny-s); see node/bench/fuzz.py for each figure.",
+        "",
+        *_figures_table(rows, goals),
+    ]
+    hostile = [
+        (
+            name,
+            _fmt(h.get("bytes"), ","),
+            h.get("outcome"),
+            ms(h.get("decode_s")),
+            f"{_fmt(h.get('decode_mib'), '.2f')} MiB",
+            ms(h.get("admit_s")),
+        )
+        for name, h in (_get(r, "hostile") or {}).items()
+    ]
+    return lines + _table(("hostile packet", "bytes", "outcome", "decode", "decode memory", "admit"), hostile)
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     """The readable report of a `run_specs` result."""
     m = result["machine"]
@@ -465,6 +508,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "train": "Training step",
         "gather": "Gather latency",
         "engines": "Rollout engines",
+        "fuzz": "Fuzzing decode and admission",
     }
     for name, r in benches.items():
         took = _get(result, "elapsed_s", name)
@@ -484,6 +528,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += _gather_section(r, g)
         elif name == "engines":
             lines += _engines_section(r)
+        elif name == "fuzz":
+            lines += _fuzz_section(r, g)
         else:
             lines += ["```json", json.dumps(r, indent=2, default=_json_default), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -496,6 +542,7 @@ def format_suite(result: dict[str, Any]) -> str:
         "train": ("node.bench.train", "format_train_bench"),
         "engines": ("node.bench.engines", "format_engine_bench"),
         "gather": ("node.bench.gather", "format_gather_bench"),
+        "fuzz": ("node.bench.fuzz", "format_fuzz_bench"),
     }
     parts = []
     for name, r in result["benchmarks"].items():
