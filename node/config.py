@@ -91,6 +91,13 @@ class NodeConfig(BaseSettings):
     startup_timeout: float = Field(60.0, gt=0, description="Seconds to wait for the DHT to start.")
     gather_seconds: float = Field(5.0, ge=0, description="Longest wait for peers' packets each round.")
     expect_peers: int | None = Field(None, ge=0, description="Stop waiting once this many peers answered.")
+    max_peers_per_round: int = Field(8, ge=1, description="Peers' packets fetched per round at most (k).")
+    shards: int = Field(
+        0, ge=0, le=4096, description="DHT shard keys per round, a power of two (0 = from the swarm-size estimate)."
+    )
+    max_packet_bytes: int = Field(
+        4 << 20, ge=1024, description="Largest packet published, fetched or decoded (the protocol's Limits.max_bytes)."
+    )
     # --- the status API
     api_host: str = Field("127.0.0.1", description="Interface of the REST status API and dashboard.")
     api_port: int | None = Field(DEFAULT_API_PORT, ge=0, le=65535, description="API port (0 = any free port).")

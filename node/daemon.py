@@ -31,6 +31,7 @@ from node.admission import Admission
 from node.config import NodeConfig
 from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups, to_packet, to_train_batch
 from node.status import NodeStatus, RoundRecord
+from protocol.codec import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Node:
             swarm_id=cfg.swarm_id,
             local_logprobs=self._local_logprobs,
             cross_tokenizer=cfg.cross_tokenizer,
+            limits=Limits(max_bytes=cfg.max_packet_bytes),  # the swarm's packet limit too: one limit
         )
         if cfg.api_port is not None:
             from node.api import ApiServer
@@ -174,6 +176,9 @@ class Node:
                 identity_path=node_dir / "identity.key",
                 startup_timeout=cfg.startup_timeout,
                 round_seconds=cfg.round_seconds,
+                max_peers_per_round=cfg.max_peers_per_round,
+                shards=cfg.shards,
+                max_packet_bytes=cfg.max_packet_bytes,
             )
         ).start()
         self.status.set(peer_id=self.swarm.peer_id, join_addrs=self.swarm.join_addrs())
@@ -239,7 +244,8 @@ class Node:
         opened.own = self.rollout(r)
         if self.swarm is not None:
             self.status.set_phase("publishing", r)
-            self.swarm.publish(r, self._packet_bytes(r, opened.own))
+            packet = self._packet_bytes(r, opened.own)
+            self.swarm.publish(r, packet, model=self.cfg.model, adapter_version=self.engine.adapter_version)
         return opened
 
     def finish_round(self, r: int, opened: OpenRound) -> RoundResult | None:
@@ -350,14 +356,9 @@ class Node:
 
     def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
         gathered = self.swarm.gather(r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers)
-        attributed: dict[str, int] = {}
-        for peer_id, reasons in gathered.rejected_by_peer.items():
+        for peer_id, reasons in gathered.rejected_by_peer.items():  # each under the id its signing key proves
             for reason, count in reasons.items():
                 self.status.reject(peer_id, str(reason), count=count)
-                attributed[reason] = attributed.get(reason, 0) + count
-        for reason, count in gathered.rejected.items():  # those no peer could be named for
-            if count > attributed.get(reason, 0):
-                self.status.reject(None, str(reason), count=count - attributed.get(reason, 0))
         for kind, count in gathered.errors.items():
             self.status.swarm_error(kind, count)
         groups: list[ScoredGroup] = []

@@ -25,9 +25,11 @@ from hivemind.utils import MPFuture, MSGPackSerializer
 from swarm_peer import payload, sha
 
 from node.swarm import RejectReason, Swarm, SwarmConfig, SwarmError, SwarmStartError
-from node.swarm.dht import MAX_RECORD_BYTES, dht_time
-from node.swarm.records import BodyStore, PacketRecord, PacketRecordValidator
-from protocol.keys import round_at, round_key
+from node.swarm.bodies import BodyStore
+from node.swarm.dht import dht_time
+from node.swarm.record import MAX_RECORD_BYTES, HeaderRecord, HeaderRecordValidator, peer_id_of_owner
+from node.swarm.shards import shard_key
+from protocol.keys import round_at
 
 HELPER = Path(__file__).with_name("swarm_peer.py")
 SWARM_ID = "test-swarm"
@@ -181,8 +183,8 @@ def test_large_packet_travels_by_body_fetch(net):
     # Small, but it holds the marker RSASignatureValidator parses out of values: must go by reference too.
     marked = b"text with [signature:xyz] inside" * 10
     assert a.publish(rnd, marked)
-    raw = a.dht.get(round_key(SWARM_ID, rnd), latest=True).value
-    records = {owner.hex(): PacketRecord.from_wire(item.value) for owner, item in raw.items()}
+    raw = a.dht.get(shard_key(SWARM_ID, rnd, 0), latest=True).value  # a small swarm has one shard
+    records = {owner.hex(): HeaderRecord.from_wire(item.value) for owner, item in raw.items()}
     c_record, a_record = records[peers["C"].info["owner"]], records[a.owner_subkey.hex()]
     assert c_record.body is None and c_record.size == LARGE and c_record.peer == peers["C"].peer_id
     assert a_record.body is None and a_record.size == len(marked)
@@ -212,13 +214,13 @@ def test_tampered_body_is_rejected_once(net):
 def test_forged_write_into_another_owner_slot_is_rejected(net):
     a, peers = net
     rnd = base_round() + 30
-    key = round_key(SWARM_ID, rnd)
+    key = shard_key(SWARM_ID, rnd, 0)
     b_owner = bytes.fromhex(peers["B"].info["owner"])
     assert peers["B"].call(op="publish", round=rnd, seed=21, size=SMALL)["ok"]
     genuine = (peers["B"].peer_id, rnd, SMALL, sha(payload(21, SMALL)))
 
     fake = payload(22, SMALL)
-    forged = PacketRecord(
+    forged = HeaderRecord(
         round=rnd, peer=peers["B"].peer_id, size=len(fake), sha256=bytes.fromhex(sha(fake)), body=fake
     ).to_wire()
     later = dht_time() + 120  # a newer expiration would win if the record were accepted
@@ -231,7 +233,7 @@ def test_forged_write_into_another_owner_slot_is_rejected(net):
     for name, (packets, _) in seen.items():
         assert packets == {genuine}, name
     raw = a.dht.get(key, latest=True).value
-    assert sha(PacketRecord.from_wire(raw[b_owner].value).body) == genuine[3]
+    assert HeaderRecord.from_wire(raw[b_owner].value).sha256.hex() == genuine[3]
 
 
 def test_sigkilled_node_does_not_stop_gathers_and_leaves_no_p2pd(net):
@@ -275,7 +277,7 @@ def test_identity_persists_and_two_nodes_cannot_share_it(tmp_path):
     identity = tmp_path / "node" / "identity.key"
     with Swarm(local_config(identity_path=identity)) as first:
         peer_id, owner = first.peer_id, first.owner_subkey
-        assert identity.exists() and identity.with_name("identity.key.records").exists()
+        assert identity.exists() and peer_id_of_owner(owner) == peer_id  # one key: the owner proves the id
         with pytest.raises(SwarmStartError, match="already used by another") as err:
             Swarm(local_config(identity_path=identity)).start()
         assert "\n" not in str(err.value)
@@ -287,22 +289,23 @@ def test_identity_persists_and_two_nodes_cannot_share_it(tmp_path):
         assert any(addr.endswith(f"/p2p/{peer_id}") for addr in again.join_addrs())
 
 
-def test_corrupt_record_key_is_a_clear_error(tmp_path):
+def test_corrupt_identity_is_a_clear_error(tmp_path):
     identity = tmp_path / "identity.key"
-    identity.with_name("identity.key.records").write_bytes(b"not a key")
-    with pytest.raises(SwarmStartError, match="record key .* is unreadable.*delete it"):
+    identity.write_bytes(b"not a key")
+    with pytest.raises(SwarmStartError, match="identity .* is unreadable.*delete it") as err:
         Swarm(local_config(identity_path=identity)).start()
+    assert "\n" not in str(err.value)
     # the failed start released the identity: a good key file lets the next start through
-    identity.with_name("identity.key.records").unlink()
+    identity.unlink()
     with Swarm(local_config(identity_path=identity)) as swarm:
-        assert swarm.alive
+        assert swarm.alive and peer_id_of_owner(swarm.owner_subkey) == swarm.peer_id
 
 
 def test_identity_lock_is_held_against_another_process(tmp_path):
     identity = tmp_path / "identity.key"
     code = (
-        "import sys, time; from node.swarm.dht import NodeIdentity; from pathlib import Path;"
-        "i = NodeIdentity.acquire(Path(sys.argv[1]), None); print('locked', flush=True); time.sleep(60)"
+        "import sys, time; from node.swarm.identity import NodeIdentity; from pathlib import Path;"
+        "i = NodeIdentity.acquire(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code, str(identity)], stdout=subprocess.PIPE, text=True)
     try:
@@ -351,7 +354,7 @@ def test_port_in_use_is_reported():
 
 def test_records_expire_after_ttl_rounds():
     with Swarm(local_config(round_seconds=0.5, ttl_rounds=2)) as swarm:
-        key = round_key(SWARM_ID, 5)
+        key = shard_key(SWARM_ID, 5, 0)
         assert swarm.publish(5, b"short-lived")
         assert swarm.dht.get(key, latest=True) is not None
         time.sleep(1.3)  # ttl = 2 rounds of 0.5 s
@@ -414,8 +417,8 @@ def _record(value, subkey=b"[owner:ssh-rsa AAAA]") -> DHTRecord:
 
 
 def test_record_validator_bounds_size_schema_and_slots():
-    v = PacketRecordValidator()
-    good = PacketRecord(round=3, peer=VALID_PEER_ID, size=4, sha256=bytes(32), body=b"abcd").to_wire()
+    v = HeaderRecordValidator()
+    good = HeaderRecord(round=3, peer=VALID_PEER_ID, size=4, sha256=bytes(32), body=b"abcd").to_wire()
     assert v.validate(_record(good))
     assert not v.validate(_record(good, subkey=b"anyone"))  # slots must be owner-signed
     assert not v.validate(_record(good, subkey=None))  # no plain values either
@@ -423,6 +426,9 @@ def test_record_validator_bounds_size_schema_and_slots():
     assert not v.validate(_record({**good, "extra": 1}))
     assert not v.validate(_record({**good, "sha256": b"short"}))
     assert not v.validate(_record([1, 2, 3]))
+    assert not v.validate(_record({**good, "shards": 3}))  # shard counts are powers of two
+    assert not v.validate(_record({**good, "model": "x" * 129}))
+    assert not v.validate(_record({**good, "v": 1}))  # the old single-key layout
     big = {**good, "size": MAX_RECORD_BYTES, "body": bytes(MAX_RECORD_BYTES)}
     assert not v.validate(_record(big))
     ref = {**good, "body": None, "size": 50 << 20}
