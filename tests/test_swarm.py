@@ -236,6 +236,52 @@ def test_forged_write_into_another_owner_slot_is_rejected(net):
     assert HeaderRecord.from_wire(raw[b_owner].value).sha256.hex() == genuine[3]
 
 
+def test_a_record_claiming_another_peer_is_rejected_and_never_attributed_to_it(net):
+    a, peers = net
+    rnd = base_round() + 50
+    b, c = peers["B"], peers["C"]
+    # B signs, in its own slot, a header that names C (the slot readers of C's shard look at).
+    forged = b.call(op="impersonate", round=rnd, seed=41, size=SMALL, claim=c.peer_id)
+    assert forged["ok"]
+    assert c.call(op="publish", round=rnd, seed=42, size=SMALL)["ok"]
+    genuine = (c.peer_id, rnd, SMALL, sha(payload(42, SMALL)))
+
+    seen = gather_everywhere(a, {n: peers[n] for n in "CD"}, rnd, deadline=4, expect=None)
+    for name, (packets, res) in seen.items():
+        by_peer = res.rejected_by_peer if name == "A" else res["by_peer"]
+        assert by_peer == {b.peer_id: {RejectReason.IMPERSONATION: 1}}, name  # the signer's id, never C's
+        assert forged["sha"] not in {p[3] for p in packets}, name
+        if name != "C":
+            assert packets == {genuine}, name  # C's own packet still arrives, under C's id
+    assert b.call(op="gather", round=rnd, deadline=0.5)["by_peer"] == {}  # B skips its own slot
+
+
+def test_excluded_peers_are_skipped_not_judged(net):
+    a, peers = net
+    rnd = base_round() + 60
+    for i, name in enumerate("BC"):
+        assert peers[name].call(op="publish", round=rnd, seed=51 + i, size=SMALL, model=f"m-{name}")["ok"]
+    b, c = peers["B"].peer_id, peers["C"].peer_id
+    res = a.gather(rnd, deadline_s=15, expect_peers=2, exclude_peers={b})
+    assert res.peers == {c} and res.skipped == 1 and res.rejected == {}
+    # not judged: once the exclusion is lifted the packet is delivered
+    assert a.gather(rnd, deadline_s=15, expect_peers=1).peers == {b}
+    view = {p["peer_id"]: p for p in a.known_peers()}
+    assert view[b]["model"] == "m-B" and view[c]["round"] == rnd and view[c]["size"] == SMALL
+    assert {"peer_id", "model", "adapter_version", "round", "size", "last_seen"} <= set(view[b])
+
+
+def test_the_same_content_is_delivered_once_whoever_relays_it(net):
+    a, peers = net
+    rnd = base_round() + 70
+    assert peers["B"].call(op="publish", round=rnd, seed=61, size=SMALL)["ok"]
+    assert peers["C"].call(op="relay", round=rnd, seed=61, size=SMALL)["ok"]  # B's bytes, C's header
+    res = a.gather(rnd, deadline_s=3)
+    assert [sha(p.data) for p in res.packets] == [sha(payload(61, SMALL))]
+    relayer = ({peers["B"].peer_id, peers["C"].peer_id} - res.peers).pop()
+    assert res.rejected_by_peer == {relayer: {RejectReason.DUPLICATE_CONTENT: 1}}
+
+
 def test_sigkilled_node_does_not_stop_gathers_and_leaves_no_p2pd(net):
     a, peers = net
     rnd = base_round() + 40

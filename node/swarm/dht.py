@@ -136,7 +136,9 @@ class SwarmConfig(BaseModel):
     )
     shard_target: int = Field(16, ge=1, description="With shards=0: peers per shard the shard count aims at.")
     sample_shards: int = Field(1, ge=0, description="Other shards read each round besides this node's own.")
-    max_shard_reads: int = Field(4, ge=1, description="Shards of one round read at most while too few peers answer.")
+    max_shard_reads: int = Field(
+        16, ge=1, description="Shards of one round read at most while they hold fewer than k peers."
+    )
     read_beam: int | None = Field(
         None, ge=1, description="DHT nodes asked per read (hivemind's beam size) [default: hivemind's, 20]."
     )

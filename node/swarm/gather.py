@@ -239,15 +239,21 @@ class GatherRun:
                 self._judge(r, s, owner, value)
 
     def _widen(self) -> None:
-        """Too few candidates in the shards read so far: read more (up to max_reads)."""
+        """Too few candidates in the shards read so far: read more (up to max_reads).
+
+        Shards hold about shard_target headers each when S follows the swarm size, so this
+        only happens in a swarm smaller than k or one whose S is set too high for it; its
+        shards are then (nearly) empty and cheap to read.
+        """
         p = self.plan
         if any(r == p.round for _, _, r, _ in self.gets.values()):
             return  # wait for this pass's answers first
         if not all((p.round, s) in self.answered for s in self.reading):
             return
         have = len(self.candidates) + len(self.fetches) + len(self.delivered)
-        if have < p.max_peers and len(self.reading) < min(p.max_reads, len(p.order)):
-            self.reading.append(p.order[len(self.reading)])
+        limit = min(p.max_reads, len(p.order))
+        if have < p.max_peers and len(self.reading) < limit:  # doubling: a sparse swarm is covered in a few passes
+            self.reading = list(p.order[: min(2 * len(self.reading), limit)])
 
     # ------------------------------------------------------------ judging headers
 
