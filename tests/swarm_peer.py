@@ -6,7 +6,9 @@ Prints {"event": "ready", ...} or {"event": "error", "message": ...}, then answe
 commands: publish, gather, known, descendants, exit, and the dishonest ones the tests
 need: tamper (serve a body that does not match its header), impersonate (sign a header
 that names another peer's id), relay (re-publish another peer's bytes as our own),
-stall (accept body requests and never answer). SIGTERM goes through
+stall (accept body requests and never answer), sybils (start more nodes in this process,
+each a real Swarm with its own key, whose bodies stall) and sybil_publish (their headers
+announce bodies of a chosen size that never come). SIGTERM goes through
 `install_sigterm_handler`, as in the daemon.
 """
 
@@ -75,10 +77,14 @@ def main() -> None:
         pid=os.getpid(),
     )
 
-    def store_header(rnd: int, record: HeaderRecord, shard: int) -> bool:
-        """Write `record` into our own signed slot of `shard`, whatever it says."""
+    def store_header(rnd: int, record: HeaderRecord, shard: int, node=None) -> bool:
+        """Write `record` into the signed slot of `node` (default: ours) in `shard`, whatever it says."""
+        node = node or swarm
         key = shard_key(config.swarm_id, rnd, shard)
-        return bool(client.store(key, record.to_wire(), dht_time() + 60, swarm.owner_subkey).result(timeout=10))
+        c = RecordClient(node.dht)
+        return bool(c.store(key, record.to_wire(), dht_time() + 60, node.owner_subkey).result(timeout=10))
+
+    sybils: list = []
 
     try:
         for line in sys.stdin:
@@ -148,6 +154,27 @@ def main() -> None:
             elif op == "stall":
                 client.run(_stall_bodies).result(timeout=10)
                 reply(ok=True)
+            elif op == "sybils":
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    sybils += list(pool.map(lambda _: Swarm(config).start(), range(cmd["count"])))
+                for node in sybils:
+                    RecordClient(node.dht).run(_stall_bodies).result(timeout=10)
+                reply(peer_ids=[n.peer_id for n in sybils])
+            elif op == "sybil_publish":
+                rnd, ok = cmd["round"], []
+                for i in cmd.get("which", range(len(sybils))):
+                    node = sybils[i]
+                    record = HeaderRecord(
+                        round=rnd,
+                        peer=node.peer_id,
+                        shards=node.shards_for(rnd),
+                        size=cmd["size"],
+                        sha256=hashlib.sha256(f"{node.peer_id}/{rnd}".encode()).digest(),
+                    )
+                    ok.append(store_header(rnd, record, shard_of(node.peer_id, record.shards), node))
+                reply(ok=all(ok))
             elif op == "descendants":
                 children = psutil.Process().children(recursive=True)
                 reply(pids=[p.pid for p in children], names=[p.name() for p in children])
@@ -157,6 +184,8 @@ def main() -> None:
             else:
                 reply(error=f"unknown op {op!r}")
     finally:
+        for node in sybils:
+            node.shutdown()
         swarm.shutdown()
 
 

@@ -502,12 +502,40 @@ def test_config_rejects_bad_values():
         SwarmConfig(port=70000)
 
 
+@pytest.mark.slow  # the quick `bench all` in test_bench_suite runs the real gather bench by default
 def test_gather_bench_runs_on_a_small_swarm():
-    from node.bench.gather import run_gather_bench
+    from node.bench.gather import format_gather_bench, run_gather_bench
 
-    result = run_gather_bench(peers=(3,), rounds=2, packet_bytes=SMALL)
+    result = run_gather_bench(peers=(3,), rounds=1, simulate=1000)
     size = result["by_size"]["3"]
-    assert size["gathers"] == 6 and size["incomplete_gathers"] == 0
-    assert 0 < result["gather_s_median"]["3"] < 10
+    assert size["gathers"] == 3 and size["incomplete_gathers"] == 0 and size["peers_seen"] == 2
+    assert 0 < result["gather_s_median"]["3"] < 10 and size["memory_per_peer_mib"] > 0
+    # two ~80 KB packets of random tokens, plus the headers of the one shard
+    assert 2 * size["packet_bytes"] < size["bytes_read_per_node"] < 2 * size["packet_bytes"] + (64 << 10)
+    assert {row["nodes"] for row in result["simulation"]["rows"]} == {3, 100, 1000}
+    assert "gather, 3 nodes" in format_gather_bench(result) and "model, 1000 nodes" in format_gather_bench(result)
     with pytest.raises(ValueError, match="swarm sizes"):
         run_gather_bench(peers=(1,))
+
+
+def test_gather_volume_model_grows_with_k_not_with_the_swarm():
+    from node.bench.gather_sim import simulate_volume
+
+    measured = {  # the shape of one `bench gather` size (32 nodes, S = 2, 8 bodies of 78 KB)
+        "nodes": 32,
+        "packet_bytes": 78_000,
+        "headers_read_per_node": 64,
+        "header_bytes_per_node": 64 * 900,
+        "dht_rpc_in_per_node": 6 * 64 * 900,
+        "bytes_read_per_node": 8 * 78_000 + 64 * 900,
+    }
+    sim = simulate_volume(measured, max_nodes=10_000, k=8)
+    rows = {row["nodes"]: row for row in sim["rows"]}
+    assert sim["inputs"]["shard_reads_per_gather"] == 2 and sim["inputs"]["rpc_bytes_per_header_byte"] == 6
+    assert rows[32]["read_bytes_per_node"] == sim["check"]["measured_read_bytes"]  # the model fits its input
+    bodies = 8 * 78_000
+    for n in (100, 1000, 10_000):
+        assert rows[n]["body_read_bytes_per_node"] == bodies
+        assert 16 <= rows[n]["headers_per_shard"] < 32  # about shard_target, whatever n
+        assert rows[n]["read_bytes_per_node"] < 1.5 * rows[32]["read_bytes_per_node"]
+        assert rows[n]["single_key_read_bytes_per_node"] > n / 40 * rows[n]["read_bytes_per_node"]

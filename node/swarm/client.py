@@ -26,6 +26,7 @@ class RecordClient:
     """
 
     def __init__(self, dht: SwarmDHT, read_beam: int | None = None) -> None:
+        """`read_beam`: nodes a get walks to (None: hivemind's default, its bucket size, 20)."""
         self.dht = dht
         self.read_beam = read_beam
         self._lock = threading.Lock()

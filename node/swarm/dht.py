@@ -139,8 +139,10 @@ class SwarmConfig(BaseModel):
     max_shard_reads: int = Field(
         16, ge=1, description="Shards of one round read at most while they hold fewer than k peers."
     )
-    read_beam: int | None = Field(
-        None, ge=1, description="DHT nodes asked per read (hivemind's beam size) [default: hivemind's, 20]."
+    read_beam: int = Field(
+        5,
+        ge=1,
+        description="DHT nodes a read walks to (hivemind's beam size); 5 = the nodes each store goes to.",
     )
     fetch_timeout_s: float = Field(10.0, gt=0, description="Longest wait for one body fetch.")
     fetch_base_s: float = Field(
@@ -150,6 +152,13 @@ class SwarmConfig(BaseModel):
         1 << 20, gt=0, description="Slowest transfer rate a fetch is allowed before it times out."
     )
     poll_interval_s: float = Field(0.1, gt=0, description="Pause between DHT reads while gathering.")
+    rejoin_interval_s: float = Field(
+        5.0, gt=0, description="How often a node checks that its bootstrap peers are in its routing table."
+    )
+    rejoin_min_neighbors: int = Field(
+        3, ge=0, description="Below this many DHT neighbours, a node also pings peers it saw recently."
+    )
+    rejoin_known_peers: int = Field(16, ge=0, description="Recently seen peers pinged then, at most.")
     known_peers_max: int = Field(1024, ge=1, description="Peers remembered for the swarm view.")
     known_peers_rounds: int = Field(10, ge=1, description="A peer unseen for this many rounds is forgotten.")
 

@@ -60,6 +60,7 @@ class GatherResult:
     skipped: int = 0  # headers of excluded (quarantined) peers, neither fetched nor judged
     unselected: int = 0  # valid headers left unfetched because max_peers bodies were taken
     bytes_read: int = 0  # DHT values (headers as received) plus bodies fetched, this gather
+    headers_read: int = 0  # DHT entries received (one header counts again each time a poll re-reads it)
     reads: int = 0  # DHT gets sent
     fetches: int = 0  # body fetches started
     shards_read: list[int] = field(default_factory=list)  # shard indices of the round that answered
@@ -175,8 +176,11 @@ class GatherRun:
         if stuck:
             self.errors["dht_timeout"] += len(stuck)
             self.log_once("dht_timeout", "DHT reads got no answer within %.1f s", self.cfg.rpc_timeout_s)
-        waiting = [c for c in self.candidates.values() if self._fits(c) is False]
-        for c in waiting:  # not final: a later gather judges them again
+        # Out of time with a candidate still waiting for budget: counted, but not final (a later
+        # gather judges it again). Ended early (enough peers): the rest was simply not needed.
+        timed_out = self.remaining() <= 0 and not self.dht_down
+        waiting = [c for c in self.candidates.values() if timed_out and self._fits(c) is False]
+        for c in waiting:
             self._count(c.peer, RejectReason.OVER_BUDGET)
         res = self.result
         res.unselected = len(self.candidates) - len(waiting)
@@ -232,11 +236,13 @@ class GatherRun:
             if found is None or not isinstance(entries, dict):
                 continue  # nobody published there yet (regular values never pass the validators)
             for owner, item in entries.items():
-                if not isinstance(owner, bytes) or peer_id_of_owner(owner) == self.me:
+                if not isinstance(owner, bytes):
                     continue
                 value = getattr(item, "value", None)
-                self.result.bytes_read += _entry_bytes(owner, value)
-                self._judge(r, s, owner, value)
+                self.result.headers_read += 1
+                self.result.bytes_read += _entry_bytes(owner, value)  # our own header was read too
+                if peer_id_of_owner(owner) != self.me:
+                    self._judge(r, s, owner, value)
 
     def _widen(self) -> None:
         """Too few candidates in the shards read so far: read more (up to max_reads).

@@ -17,15 +17,17 @@ import math
 import threading
 import time
 from collections.abc import Collection
+from functools import partial
 from typing import Any
 
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MPFuture, MSGPackSerializer
 
 from node.swarm.client import RecordClient
 from node.swarm.dht import SwarmConfig, dht_time
 from node.swarm.gather import GatherPlan, GatherResult, GatherRun
 from node.swarm.ledger import GatherLedger, KnownPeers
 from node.swarm.record import SIGNATURE_MARK, HeaderRecord
+from node.swarm.rejoin import rejoin
 from node.swarm.shards import SizeEstimate, read_order, shard_count, shard_key, shard_of
 
 __all__ = ["PacketExchange"]
@@ -45,6 +47,7 @@ class PacketExchange:
         self._shards_by_round: dict[int, int] = {}  # S this node used for a round, fixed once chosen
         self._state_lock = threading.Lock()
         self._logged: set[str] = set()
+        self._rejoin: tuple[float, MPFuture | None] = (-math.inf, None)  # (when sent, its future)
 
     # ------------------------------------------------------------ start-up
 
@@ -145,6 +148,7 @@ class PacketExchange:
         k = cfg.max_peers_per_round if max_peers is None else max_peers
         if k < 1:
             raise ValueError(f"max_peers must be >= 1, got {k}")
+        self.maintain()
         with self._state_lock:
             shards = self._shards_for(round)
             plan = GatherPlan(
@@ -170,6 +174,25 @@ class PacketExchange:
 
     def known_peers(self) -> list[dict[str, Any]]:
         return self.known.view()
+
+    def maintain(self) -> None:
+        """Start a `rejoin` check in the DHT process unless one ran recently; never waits for it."""
+        cfg = self.config
+        sent, future = self._rejoin
+        if time.monotonic() - sent < cfg.rejoin_interval_s or (future is not None and not future.done()):
+            return
+        known = [p["peer_id"] for p in self.known.view()[: cfg.rejoin_known_peers]]
+        coro = partial(
+            rejoin,
+            bootstrap=list(cfg.initial_peers),
+            known=known,
+            min_neighbors=cfg.rejoin_min_neighbors,
+            timeout=cfg.rpc_timeout_s,
+        )
+        try:
+            self._rejoin = (time.monotonic(), self.client.run(coro))
+        except Exception as e:  # the DHT is gone: the gather will say so
+            logger.debug("rejoin not started: %r", e)
 
     def _log_once(self, kind: str, message: str, *args: Any) -> None:
         if kind not in self._logged:
