@@ -45,7 +45,8 @@ class PacketExchange:
         self.known = KnownPeers(max_peers=config.known_peers_max, keep_rounds=config.known_peers_rounds)
         self.estimate = SizeEstimate()
         self._shards_by_round: dict[int, int] = {}  # S this node used for a round, fixed once chosen
-        self._state_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # one gather at a time (the ledger is not shared)
+        self._shards_lock = threading.Lock()  # publish may run while a gather does
         self._logged: set[str] = set()
         self._rejoin: tuple[float, MPFuture | None] = (-math.inf, None)  # (when sent, its future)
 
@@ -60,17 +61,14 @@ class PacketExchange:
 
     def shards_for(self, round: int) -> int:
         """S for `round`: the setting, or from the swarm-size estimate; the same for the whole round."""
-        with self._state_lock:
-            return self._shards_for(round)
-
-    def _shards_for(self, round: int) -> int:
-        if round not in self._shards_by_round:
-            cfg = self.config
-            s = cfg.shards or shard_count(self.estimate.value, cfg.shard_target)
-            self._shards_by_round[round] = s
-            for old in [r for r in self._shards_by_round if r < round - 2 * cfg.ttl_rounds]:
-                del self._shards_by_round[old]
-        return self._shards_by_round[round]
+        with self._shards_lock:
+            if round not in self._shards_by_round:
+                cfg = self.config
+                s = cfg.shards or shard_count(self.estimate.value, cfg.shard_target)
+                self._shards_by_round[round] = s
+                for old in [r for r in self._shards_by_round if r < round - 2 * cfg.ttl_rounds]:
+                    del self._shards_by_round[old]
+            return self._shards_by_round[round]
 
     # ------------------------------------------------------------ publish
 
@@ -149,8 +147,8 @@ class PacketExchange:
         if k < 1:
             raise ValueError(f"max_peers must be >= 1, got {k}")
         self.maintain()
+        shards = self.shards_for(round)
         with self._state_lock:
-            shards = self._shards_for(round)
             plan = GatherPlan(
                 round=round,
                 stale=tuple(range(round - 1, max(round - stale, 0) - 1, -1)),

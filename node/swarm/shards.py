@@ -86,4 +86,5 @@ class SizeEstimate:
 
     @property
     def value(self) -> float:
-        return statistics.median(self._recent) if self._recent else 1.0
+        recent = list(self._recent)  # one C-level copy: safe against an add() in another thread
+        return statistics.median(recent) if recent else 1.0
