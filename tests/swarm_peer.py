@@ -8,8 +8,9 @@ need: tamper (serve a body that does not match its header), impersonate (sign a 
 that names another peer's id), relay (re-publish another peer's bytes as our own),
 stall (accept body requests and never answer), sybils (start more nodes in this process,
 each a real Swarm with its own key, whose bodies stall) and sybil_publish (their headers
-announce bodies of a chosen size that never come). SIGTERM goes through
-`install_sigterm_handler`, as in the daemon.
+announce bodies of a chosen size that never come). SIGTERM goes through the swarm's
+`install_sigterm_handler` (a clean exit that shuts the DHT down); the daemon has its own
+handlers instead (`node.daemon.install_stop_handlers`: stop after the current phase).
 """
 
 from __future__ import annotations
