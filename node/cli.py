@@ -135,13 +135,24 @@ def bench_train(
 @bench_app.command("gather")
 def bench_gather(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
-    peers: list[int] = typer.Option([2, 4, 8], help="Swarm sizes to measure (repeatable)."),
-    rounds: int = typer.Option(5, min=1, help="Rounds per swarm size; figures are medians."),
+    peers: list[str] = typer.Option(["8,16,32"], help="Swarm sizes to measure, e.g. 8,16,32 (repeatable)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds per swarm size; figures are medians."),
+    max_peers: int = typer.Option(8, "--max-peers", min=1, help="k: packets one gather fetches at most."),
+    per_process: int = typer.Option(4, min=1, help="Nodes hosted by one publisher process."),
+    simulate: int | None = typer.Option(
+        None, min=2, help="Also model read/write volume up to this many peers from the measured costs."
+    ),
 ) -> None:
-    """Time for a node to gather every peer's packet, with N real DHT processes on loopback."""
+    """Gather time and bytes read per node, with N real DHT processes and p2pd on loopback."""
     from node.bench.gather import format_gather_bench, run_gather_bench
 
-    result = run_gather_bench(peers=peers, rounds=rounds)
+    try:
+        sizes = [int(n) for entry in peers for n in entry.split(",") if n.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--peers takes swarm sizes like 8,16,32, got {peers}") from None
+    result = run_gather_bench(
+        peers=sizes, rounds=rounds, max_peers=max_peers, per_process=per_process, simulate=simulate
+    )
     _emit(result, as_json, format_gather_bench(result))
 
 

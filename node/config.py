@@ -71,6 +71,9 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "auto_relay": ("node.swarm.dht", "SwarmConfig", "use_auto_relay"),
     "startup_timeout": ("node.swarm.dht", "SwarmConfig", "startup_timeout"),
     "round_seconds": ("node.swarm.dht", "SwarmConfig", "round_seconds"),
+    "max_peers_per_round": ("node.swarm.dht", "SwarmConfig", "max_peers_per_round"),
+    "shards": ("node.swarm.dht", "SwarmConfig", "shards"),
+    "max_packet_bytes": ("node.swarm.dht", "SwarmConfig", "max_packet_bytes"),
 }
 
 
@@ -204,6 +207,11 @@ class NodeConfig(BaseSettings):
         description="Stop waiting once this many peers answered.",
         json_schema_extra=_extra("wait until --gather-seconds"),
     )
+    max_peers_per_round: int = Field(8, description="Peers' packets fetched per round at most (k).")
+    shards: int = Field(0, description="DHT shard keys per round, a power of two (0 = from the swarm-size estimate).")
+    max_packet_bytes: int = Field(
+        LIMITS.max_bytes, description="Largest packet published, fetched or decoded (the protocol's Limits.max_bytes)."
+    )
     # --- the status API
     api_host: str = Field("127.0.0.1", description="Interface of the REST status API and dashboard.")
     api_port: int | None = Field(DEFAULT_API_PORT, ge=0, le=65535, description="API port (0 = any free port).")
@@ -298,6 +306,9 @@ class NodeConfig(BaseSettings):
             use_auto_relay=self.auto_relay,
             startup_timeout=self.startup_timeout,
             round_seconds=self.round_seconds,
+            max_peers_per_round=self.max_peers_per_round,
+            shards=self.shards,
+            max_packet_bytes=self.max_packet_bytes,
             **runtime,
         )
 

@@ -33,6 +33,7 @@ from node.admission import Admission
 from node.config import NodeConfig
 from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups, to_packet, to_train_batch
 from node.status import NodeStatus, RoundRecord
+from protocol.codec import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Node:
             local_logprobs=self._local_logprobs,
             cross_tokenizer=cfg.cross_tokenizer,
             chat_template=self.generation.chat_template,
+            limits=Limits(max_bytes=cfg.max_packet_bytes),  # the swarm's packet limit too: one limit
         )
         if cfg.api_port is not None:
             from node.api import ApiServer
@@ -147,7 +149,7 @@ class Node:
         logger.info("resumed from %s (round %d)", ckpt.path, ckpt.round)
 
     def _start_swarm(self) -> None:
-        from node.swarm import Swarm, SwarmConfig
+        from node.swarm import Swarm
         from node.swarm.join import resolve_initial_peers
 
         cfg = self.cfg
@@ -155,17 +157,9 @@ class Node:
         node_dir = cfg.node_dir
         node_dir.mkdir(parents=True, exist_ok=True)
         self.swarm = Swarm(
-            SwarmConfig(
-                swarm_id=cfg.swarm_id,
-                host=cfg.host,
-                port=cfg.port,
-                announce_maddrs=cfg.announce,
+            cfg.swarm_config(
                 initial_peers=resolve_initial_peers(cfg.swarm, timeout=cfg.startup_timeout),
-                client_mode=cfg.client_mode,
-                use_auto_relay=cfg.auto_relay,
                 identity_path=node_dir / "identity.key",
-                startup_timeout=cfg.startup_timeout,
-                round_seconds=cfg.round_seconds,
             )
         ).start()
         self.status.set(peer_id=self.swarm.peer_id, join_addrs=self.swarm.join_addrs())
@@ -238,7 +232,7 @@ class Node:
         if self.swarm is not None:
             self.status.set_phase("publishing", r)
             packet = self._packet_bytes(r, opened.own)
-            self.swarm.publish(r, packet)
+            self.swarm.publish(r, packet, model=self.cfg.model, adapter_version=self.engine.adapter_version)
             self.status.round_io(bytes_published=len(packet))
         return opened
 
@@ -396,14 +390,9 @@ class Node:
 
     def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
         gathered = self.swarm.gather(r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers)
-        attributed: dict[str, int] = {}
-        for peer_id, reasons in gathered.rejected_by_peer.items():
+        for peer_id, reasons in gathered.rejected_by_peer.items():  # each under the id its signing key proves
             for reason, count in reasons.items():
                 self.status.reject(peer_id, str(reason), count=count)
-                attributed[reason] = attributed.get(reason, 0) + count
-        for reason, count in gathered.rejected.items():  # those no peer could be named for
-            if count > attributed.get(reason, 0):
-                self.status.reject(None, str(reason), count=count - attributed.get(reason, 0))
         for kind, count in gathered.errors.items():
             self.status.swarm_error(kind, count)
         bytes_read = getattr(gathered, "bytes_read", None)

@@ -51,6 +51,9 @@ BAD_VALUES = {
     "swarm_wait": "0",
     "gather_seconds": "-1",
     "expect_peers": "-1",
+    "max_peers_per_round": "0",
+    "shards": "3",
+    "max_packet_bytes": "0",
     "api_port": "65536",
 }
 

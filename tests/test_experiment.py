@@ -37,12 +37,20 @@ def test_exchange_delivers_each_peer_packet_once_and_never_our_own():
     b.publish(1, b"b-round-1")
     got = a.gather(1, deadline_s=0)
     assert sorted((p.peer_id, p.round) for p in got.packets) == [("inproc-b", 1), ("inproc-c", 0)]
-    # A replaced packet (new bytes) counts as new; the same bytes again do not.
+    # The swarm's duplicate rule: the same bytes again are nothing new; a second, different
+    # packet of a peer for a round is rejected `duplicate`, never delivered.
     b.publish(1, b"b-round-1")
     assert a.gather(1, deadline_s=0).packets == []
     b.publish(1, b"b-round-1-again")
-    assert [p.data for p in a.gather(1, deadline_s=0).packets] == [b"b-round-1-again"]
+    again = a.gather(1, deadline_s=0)
+    assert again.packets == [] and again.rejected_by_peer == {"inproc-b": {"duplicate": 1}}
+    assert a.gather(1, deadline_s=0).rejected == {}  # judged once
     assert hub.published(1) == {"inproc-b": b"b-round-1-again"}
+    # Bytes already delivered under another peer (a relay) are rejected `duplicate_content`.
+    c.publish(2, b"b-round-1")
+    assert a.gather(2, deadline_s=0).rejected_by_peer == {}  # another round: not a duplicate
+    c.publish(1, b"b-round-1")
+    assert a.gather(1, deadline_s=0).rejected_by_peer == {"inproc-c": {"duplicate_content": 1}}
 
 
 def test_exchange_gather_waits_for_expected_peers_until_the_deadline():

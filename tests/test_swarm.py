@@ -25,9 +25,11 @@ from hivemind.utils import MPFuture, MSGPackSerializer
 from swarm_peer import payload, sha
 
 from node.swarm import RejectReason, Swarm, SwarmConfig, SwarmError, SwarmStartError
-from node.swarm.dht import MAX_RECORD_BYTES, dht_time
-from node.swarm.records import BodyStore, PacketRecord, PacketRecordValidator
-from protocol.keys import round_at, round_key
+from node.swarm.bodies import BodyStore
+from node.swarm.dht import dht_time
+from node.swarm.record import MAX_RECORD_BYTES, HeaderRecord, HeaderRecordValidator, peer_id_of_owner
+from node.swarm.shards import shard_key
+from protocol.keys import round_at
 
 HELPER = Path(__file__).with_name("swarm_peer.py")
 SWARM_ID = "test-swarm"
@@ -181,8 +183,8 @@ def test_large_packet_travels_by_body_fetch(net):
     # Small, but it holds the marker RSASignatureValidator parses out of values: must go by reference too.
     marked = b"text with [signature:xyz] inside" * 10
     assert a.publish(rnd, marked)
-    raw = a.dht.get(round_key(SWARM_ID, rnd), latest=True).value
-    records = {owner.hex(): PacketRecord.from_wire(item.value) for owner, item in raw.items()}
+    raw = a.dht.get(shard_key(SWARM_ID, rnd, 0), latest=True).value  # a small swarm has one shard
+    records = {owner.hex(): HeaderRecord.from_wire(item.value) for owner, item in raw.items()}
     c_record, a_record = records[peers["C"].info["owner"]], records[a.owner_subkey.hex()]
     assert c_record.body is None and c_record.size == LARGE and c_record.peer == peers["C"].peer_id
     assert a_record.body is None and a_record.size == len(marked)
@@ -212,13 +214,13 @@ def test_tampered_body_is_rejected_once(net):
 def test_forged_write_into_another_owner_slot_is_rejected(net):
     a, peers = net
     rnd = base_round() + 30
-    key = round_key(SWARM_ID, rnd)
+    key = shard_key(SWARM_ID, rnd, 0)
     b_owner = bytes.fromhex(peers["B"].info["owner"])
     assert peers["B"].call(op="publish", round=rnd, seed=21, size=SMALL)["ok"]
     genuine = (peers["B"].peer_id, rnd, SMALL, sha(payload(21, SMALL)))
 
     fake = payload(22, SMALL)
-    forged = PacketRecord(
+    forged = HeaderRecord(
         round=rnd, peer=peers["B"].peer_id, size=len(fake), sha256=bytes.fromhex(sha(fake)), body=fake
     ).to_wire()
     later = dht_time() + 120  # a newer expiration would win if the record were accepted
@@ -231,12 +233,58 @@ def test_forged_write_into_another_owner_slot_is_rejected(net):
     for name, (packets, _) in seen.items():
         assert packets == {genuine}, name
     raw = a.dht.get(key, latest=True).value
-    assert sha(PacketRecord.from_wire(raw[b_owner].value).body) == genuine[3]
+    assert HeaderRecord.from_wire(raw[b_owner].value).sha256.hex() == genuine[3]
+
+
+def test_a_record_claiming_another_peer_is_rejected_and_never_attributed_to_it(net):
+    a, peers = net
+    rnd = base_round() + 50
+    b, c = peers["B"], peers["C"]
+    # B signs, in its own slot, a header that names C (the slot readers of C's shard look at).
+    forged = b.call(op="impersonate", round=rnd, seed=41, size=SMALL, claim=c.peer_id)
+    assert forged["ok"]
+    assert c.call(op="publish", round=rnd, seed=42, size=SMALL)["ok"]
+    genuine = (c.peer_id, rnd, SMALL, sha(payload(42, SMALL)))
+
+    seen = gather_everywhere(a, {n: peers[n] for n in "CD"}, rnd, deadline=4, expect=None)
+    for name, (packets, res) in seen.items():
+        by_peer = res.rejected_by_peer if name == "A" else res["by_peer"]
+        assert by_peer == {b.peer_id: {RejectReason.IMPERSONATION: 1}}, name  # the signer's id, never C's
+        assert forged["sha"] not in {p[3] for p in packets}, name
+        if name != "C":
+            assert packets == {genuine}, name  # C's own packet still arrives, under C's id
+    assert b.call(op="gather", round=rnd, deadline=0.5)["by_peer"] == {}  # B skips its own slot
+
+
+def test_excluded_peers_are_skipped_not_judged(net):
+    a, peers = net
+    rnd = base_round() + 60
+    for i, name in enumerate("BC"):
+        assert peers[name].call(op="publish", round=rnd, seed=51 + i, size=SMALL, model=f"m-{name}")["ok"]
+    b, c = peers["B"].peer_id, peers["C"].peer_id
+    res = a.gather(rnd, deadline_s=15, expect_peers=2, exclude_peers={b})
+    assert res.peers == {c} and res.skipped == 1 and res.rejected == {}
+    # not judged: once the exclusion is lifted the packet is delivered
+    assert a.gather(rnd, deadline_s=15, expect_peers=1).peers == {b}
+    view = {p["peer_id"]: p for p in a.known_peers()}
+    assert view[b]["model"] == "m-B" and view[c]["round"] == rnd and view[c]["size"] == SMALL
+    assert {"peer_id", "model", "adapter_version", "round", "size", "last_seen"} <= set(view[b])
+
+
+def test_the_same_content_is_delivered_once_whoever_relays_it(net):
+    a, peers = net
+    rnd = base_round() + 70
+    assert peers["B"].call(op="publish", round=rnd, seed=61, size=SMALL)["ok"]
+    assert peers["C"].call(op="relay", round=rnd, seed=61, size=SMALL)["ok"]  # B's bytes, C's header
+    res = a.gather(rnd, deadline_s=3)
+    assert [sha(p.data) for p in res.packets] == [sha(payload(61, SMALL))]
+    relayer = ({peers["B"].peer_id, peers["C"].peer_id} - res.peers).pop()
+    assert res.rejected_by_peer == {relayer: {RejectReason.DUPLICATE_CONTENT: 1}}
 
 
 def test_sigkilled_node_does_not_stop_gathers_and_leaves_no_p2pd(net):
     a, peers = net
-    rnd = base_round() + 40
+    rnd = base_round() + 80  # after every round the earlier tests used: bodies are kept for the newest rounds
     d = peers["D"]
     tree = d.call(op="descendants")
     assert "p2pd" in tree["names"], tree
@@ -275,7 +323,7 @@ def test_identity_persists_and_two_nodes_cannot_share_it(tmp_path):
     identity = tmp_path / "node" / "identity.key"
     with Swarm(local_config(identity_path=identity)) as first:
         peer_id, owner = first.peer_id, first.owner_subkey
-        assert identity.exists() and identity.with_name("identity.key.records").exists()
+        assert identity.exists() and peer_id_of_owner(owner) == peer_id  # one key: the owner proves the id
         with pytest.raises(SwarmStartError, match="already used by another") as err:
             Swarm(local_config(identity_path=identity)).start()
         assert "\n" not in str(err.value)
@@ -287,22 +335,23 @@ def test_identity_persists_and_two_nodes_cannot_share_it(tmp_path):
         assert any(addr.endswith(f"/p2p/{peer_id}") for addr in again.join_addrs())
 
 
-def test_corrupt_record_key_is_a_clear_error(tmp_path):
+def test_corrupt_identity_is_a_clear_error(tmp_path):
     identity = tmp_path / "identity.key"
-    identity.with_name("identity.key.records").write_bytes(b"not a key")
-    with pytest.raises(SwarmStartError, match="record key .* is unreadable.*delete it"):
+    identity.write_bytes(b"not a key")
+    with pytest.raises(SwarmStartError, match="identity .* is unreadable.*delete it") as err:
         Swarm(local_config(identity_path=identity)).start()
+    assert "\n" not in str(err.value)
     # the failed start released the identity: a good key file lets the next start through
-    identity.with_name("identity.key.records").unlink()
+    identity.unlink()
     with Swarm(local_config(identity_path=identity)) as swarm:
-        assert swarm.alive
+        assert swarm.alive and peer_id_of_owner(swarm.owner_subkey) == swarm.peer_id
 
 
 def test_identity_lock_is_held_against_another_process(tmp_path):
     identity = tmp_path / "identity.key"
     code = (
-        "import sys, time; from node.swarm.dht import NodeIdentity; from pathlib import Path;"
-        "i = NodeIdentity.acquire(Path(sys.argv[1]), None); print('locked', flush=True); time.sleep(60)"
+        "import sys, time; from node.swarm.identity import NodeIdentity; from pathlib import Path;"
+        "i = NodeIdentity.acquire(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code, str(identity)], stdout=subprocess.PIPE, text=True)
     try:
@@ -351,7 +400,7 @@ def test_port_in_use_is_reported():
 
 def test_records_expire_after_ttl_rounds():
     with Swarm(local_config(round_seconds=0.5, ttl_rounds=2)) as swarm:
-        key = round_key(SWARM_ID, 5)
+        key = shard_key(SWARM_ID, 5, 0)
         assert swarm.publish(5, b"short-lived")
         assert swarm.dht.get(key, latest=True) is not None
         time.sleep(1.3)  # ttl = 2 rounds of 0.5 s
@@ -414,8 +463,8 @@ def _record(value, subkey=b"[owner:ssh-rsa AAAA]") -> DHTRecord:
 
 
 def test_record_validator_bounds_size_schema_and_slots():
-    v = PacketRecordValidator()
-    good = PacketRecord(round=3, peer=VALID_PEER_ID, size=4, sha256=bytes(32), body=b"abcd").to_wire()
+    v = HeaderRecordValidator()
+    good = HeaderRecord(round=3, peer=VALID_PEER_ID, size=4, sha256=bytes(32), body=b"abcd").to_wire()
     assert v.validate(_record(good))
     assert not v.validate(_record(good, subkey=b"anyone"))  # slots must be owner-signed
     assert not v.validate(_record(good, subkey=None))  # no plain values either
@@ -423,6 +472,9 @@ def test_record_validator_bounds_size_schema_and_slots():
     assert not v.validate(_record({**good, "extra": 1}))
     assert not v.validate(_record({**good, "sha256": b"short"}))
     assert not v.validate(_record([1, 2, 3]))
+    assert not v.validate(_record({**good, "shards": 3}))  # shard counts are powers of two
+    assert not v.validate(_record({**good, "model": "x" * 129}))
+    assert not v.validate(_record({**good, "v": 1}))  # the old single-key layout
     big = {**good, "size": MAX_RECORD_BYTES, "body": bytes(MAX_RECORD_BYTES)}
     assert not v.validate(_record(big))
     ref = {**good, "body": None, "size": 50 << 20}
@@ -450,12 +502,40 @@ def test_config_rejects_bad_values():
         SwarmConfig(port=70000)
 
 
+@pytest.mark.slow  # the quick `bench all` in test_bench_suite runs the real gather bench by default
 def test_gather_bench_runs_on_a_small_swarm():
-    from node.bench.gather import run_gather_bench
+    from node.bench.gather import format_gather_bench, run_gather_bench
 
-    result = run_gather_bench(peers=(3,), rounds=2, packet_bytes=SMALL)
+    result = run_gather_bench(peers=(3,), rounds=1, simulate=1000)
     size = result["by_size"]["3"]
-    assert size["gathers"] == 6 and size["incomplete_gathers"] == 0
-    assert 0 < result["gather_s_median"]["3"] < 10
+    assert size["gathers"] == 3 and size["incomplete_gathers"] == 0 and size["peers_seen"] == 2
+    assert 0 < result["gather_s_median"]["3"] < 10 and size["memory_per_peer_mib"] > 0
+    # two ~80 KB packets of random tokens, plus the headers of the one shard
+    assert 2 * size["packet_bytes"] < size["bytes_read_per_node"] < 2 * size["packet_bytes"] + (64 << 10)
+    assert {row["nodes"] for row in result["simulation"]["rows"]} == {3, 100, 1000}
+    assert "gather, 3 nodes" in format_gather_bench(result) and "model, 1000 nodes" in format_gather_bench(result)
     with pytest.raises(ValueError, match="swarm sizes"):
         run_gather_bench(peers=(1,))
+
+
+def test_gather_volume_model_grows_with_k_not_with_the_swarm():
+    from node.bench.gather_sim import simulate_volume
+
+    measured = {  # the shape of one `bench gather` size (32 nodes, S = 2, 8 bodies of 78 KB)
+        "nodes": 32,
+        "packet_bytes": 78_000,
+        "headers_read_per_node": 64,
+        "header_bytes_per_node": 64 * 900,
+        "dht_rpc_in_per_node": 6 * 64 * 900,
+        "bytes_read_per_node": 8 * 78_000 + 64 * 900,
+    }
+    sim = simulate_volume(measured, max_nodes=10_000, k=8)
+    rows = {row["nodes"]: row for row in sim["rows"]}
+    assert sim["inputs"]["shard_reads_per_gather"] == 2 and sim["inputs"]["rpc_bytes_per_header_byte"] == 6
+    assert rows[32]["read_bytes_per_node"] == sim["check"]["measured_read_bytes"]  # the model fits its input
+    bodies = 8 * 78_000
+    for n in (100, 1000, 10_000):
+        assert rows[n]["body_read_bytes_per_node"] == bodies
+        assert 16 <= rows[n]["headers_per_shard"] < 32  # about shard_target, whatever n
+        assert rows[n]["read_bytes_per_node"] < 1.5 * rows[32]["read_bytes_per_node"]
+        assert rows[n]["single_key_read_bytes_per_node"] > n / 40 * rows[n]["read_bytes_per_node"]

@@ -8,10 +8,13 @@ uses exactly like a `node.swarm.Swarm` (`Node(cfg, exchange=endpoint)`).
 
 What stays real: packets are the encoded BYTES the daemon publishes, and the receiver
 decodes, validates and re-scores them through the same admission path as packets that
-came over the DHT. The semantics follow `Swarm.gather`: a gather for round r returns the
-packets of round r (and `stale_rounds` before it) that this endpoint has not received
-yet, never its own, and returns as soon as `expect_peers` peers answered or the
-deadline passed.
+came over the DHT. The semantics follow `Swarm.gather`, through the same `GatherLedger`:
+a gather for round r returns the packets of round r (and `stale_rounds` before it) that
+this endpoint has not received yet, never its own; a peer's second, different packet for
+a round is rejected `duplicate` and bytes already delivered under another peer
+`duplicate_content`; it returns as soon as `expect_peers` peers answered or the
+deadline passed. What it does not model: shards and the per-gather cap on peers (every
+member reads the whole board), fetch failures, byte budgets.
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ import hashlib
 import math
 import threading
 import time
+from collections import Counter, defaultdict
+from collections.abc import Collection
+from typing import Any
 
-from node.swarm.records import GatheredPacket, GatherResult
+from node.swarm.gather import GatheredPacket, GatherResult
+from node.swarm.ledger import GatherLedger, KnownPeers
+from protocol.codec import Limits
 
 __all__ = ["ExchangeHub", "InProcessExchange"]
 
 # A packet over this is refused at publish, like Swarm's default max_packet_bytes.
-MAX_PACKET_BYTES = 16 << 20
+MAX_PACKET_BYTES = Limits().max_bytes
 
 
 class ExchangeHub:
@@ -34,7 +42,7 @@ class ExchangeHub:
 
     def __init__(self, swarm_id: str = "ftis") -> None:
         self.swarm_id = swarm_id
-        self._board: dict[int, dict[str, bytes]] = {}
+        self._board: dict[int, dict[str, tuple[bytes, str, str]]] = {}  # round -> sender -> (bytes, model, adapter)
         self._changed = threading.Condition()
         self._names: set[str] = set()
 
@@ -49,18 +57,18 @@ class ExchangeHub:
         return InProcessExchange(self, f"inproc-{name}")
 
     # The endpoints call these; they hold the condition's lock while reading or writing.
-    def _put(self, round: int, peer_id: str, packet: bytes) -> None:
+    def _put(self, round: int, peer_id: str, packet: bytes, model: str, adapter: str) -> None:
         with self._changed:
-            self._board.setdefault(round, {})[peer_id] = packet  # a second publish replaces the first
+            self._board.setdefault(round, {})[peer_id] = (packet, model, adapter)  # a second publish replaces it
             self._changed.notify_all()
 
-    def _snapshot(self, rounds: list[int]) -> list[tuple[int, str, bytes]]:
-        return [(r, peer, data) for r in rounds for peer, data in sorted(self._board.get(r, {}).items())]
+    def _snapshot(self, rounds: list[int]) -> list[tuple[int, str, tuple[bytes, str, str]]]:
+        return [(r, peer, entry) for r in rounds for peer, entry in sorted(self._board.get(r, {}).items())]
 
     def published(self, round: int) -> dict[str, bytes]:
         """A copy of what was published for `round`, by sender (for tests and reports)."""
         with self._changed:
-            return dict(self._board.get(round, {}))
+            return {peer: entry[0] for peer, entry in self._board.get(round, {}).items()}
 
 
 class InProcessExchange:
@@ -69,7 +77,8 @@ class InProcessExchange:
     def __init__(self, hub: ExchangeHub, peer_id: str) -> None:
         self.hub = hub
         self._peer_id = peer_id
-        self._delivered: dict[int, set[tuple[str, bytes]]] = {}  # round -> (sender, sha256) handed out
+        self.ledger = GatherLedger()  # the swarm's duplicate rules
+        self.known = KnownPeers()
         self._closed = False
         self.published_bytes = 0  # what this node sent, for reports
 
@@ -85,7 +94,7 @@ class InProcessExchange:
     def dht_time() -> float:
         return time.time()
 
-    def publish(self, round: int, packet: bytes) -> bool:
+    def publish(self, round: int, packet: bytes, *, model: str = "", adapter_version: str = "") -> bool:
         """Put this node's packet for `round` on the board (bytes only, as on the wire)."""
         self._check_open()
         if not isinstance(packet, (bytes, bytearray, memoryview)):
@@ -95,7 +104,7 @@ class InProcessExchange:
         packet = bytes(packet)
         if len(packet) > MAX_PACKET_BYTES:
             raise ValueError(f"packet has {len(packet)} bytes, over the limit of {MAX_PACKET_BYTES}")
-        self.hub._put(round, self._peer_id, packet)
+        self.hub._put(round, self._peer_id, packet, model, adapter_version)
         self.published_bytes += len(packet)
         return True
 
@@ -106,7 +115,8 @@ class InProcessExchange:
         deadline_s: float,
         expect_peers: int | None = None,
         stale_rounds: int = 1,
-        **_limits: object,  # Swarm's byte limits; nothing here is large enough to need them
+        exclude_peers: Collection[str] = (),
+        **_limits: object,  # Swarm's byte and peer limits; nothing here is large enough to need them
     ) -> GatherResult:
         """Peers' packets for `round` (and `stale_rounds` before) not yet handed to this node."""
         self._check_open()
@@ -120,25 +130,42 @@ class InProcessExchange:
         started = time.monotonic()
         deadline = started + deadline_s
         result = GatherResult()
-        for old in [r for r in self._delivered if r < round - stale_rounds - 2]:
-            del self._delivered[old]  # those rounds can no longer be asked for
+        rejected: dict[str, Counter[str]] = defaultdict(Counter)
+        skipped: set[tuple[int, str]] = set()
+        self.ledger.forget_before(round - stale_rounds - 2)  # those rounds can no longer be asked for
         with self.hub._changed:
             while True:
                 result.polls += 1
-                for r, sender, data in self.hub._snapshot(rounds):
-                    key = (sender, hashlib.sha256(data).digest())
-                    seen = self._delivered.setdefault(r, set())
-                    if sender == self._peer_id or key in seen:
+                for r, sender, (data, model, adapter) in self.hub._snapshot(rounds):
+                    content = hashlib.sha256(data).digest()
+                    if sender == self._peer_id or self.ledger.judged(r, sender, content):
                         continue
-                    seen.add(key)
+                    if sender in exclude_peers:
+                        skipped.add((r, sender))
+                        continue
+                    self.known.saw(sender, round=r, model=model, adapter_version=adapter, size=len(data))
+                    reason = self.ledger.verdict(r, sender, content)
+                    if reason is not None:
+                        self.ledger.reject(r, sender, content)
+                        rejected[sender][reason] += 1
+                        continue
+                    self.ledger.deliver(r, sender, content)
                     result.packets.append(GatheredPacket(sender, r, data))
+                    result.bytes_read += len(data)
                 enough = expect_peers is not None and len(result.peers) >= expect_peers
                 left = deadline - time.monotonic()
                 if enough or left <= 0:
                     break
                 self.hub._changed.wait(timeout=left)  # woken by the next publish
+        result.rejected_by_peer = {peer: dict(c) for peer, c in rejected.items()}
+        result.rejected = dict(sum(rejected.values(), Counter()))
+        result.skipped = len(skipped)
         result.elapsed_s = time.monotonic() - started
         return result
+
+    def known_peers(self) -> list[dict[str, Any]]:
+        """Peers seen on the board, most recent first (the `Swarm.known_peers` view)."""
+        return self.known.view()
 
     def shutdown(self) -> None:
         """Leave the hub; safe to call twice (the daemon's close() calls it)."""

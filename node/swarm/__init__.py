@@ -2,30 +2,33 @@
 
     with Swarm(SwarmConfig(initial_peers=[...], identity_path=...)).start() as swarm:
         print("join with:", swarm.join_addrs()[0])
-        swarm.publish(r, packet_bytes)
+        swarm.publish(r, packet_bytes, model="tiny-s", adapter_version="ab12")
         result = swarm.gather(r, deadline_s=5, expect_peers=3)
 
-The API is synchronous (the daemon's training loop is). Packets are opaque bytes;
-see `records` for the record layout and `dht` for start-up and its work-arounds.
+The API is synchronous (the daemon's training loop is). Packets are opaque bytes. The
+modules: `dht` (settings, start-up, identity, hivemind work-arounds), `record` (the
+signed header and who wrote it), `shards` (where headers go, what a node reads),
+`bodies` (packet bodies over libp2p), `client` (calls into the DHT process), `ledger`
+(what was judged, who was seen), `gather` (one gather), `packets` (publish + gather).
+docs/scale.md explains the layout and its costs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from types import TracebackType
+from typing import Any
 
 from hivemind.dht.crypto import RSASignatureValidator
 
-from node.swarm.dht import NodeIdentity, SwarmConfig, SwarmDHT, dht_time, install_sigterm_handler, start_dht
+from node.swarm.client import RecordClient
+from node.swarm.dht import SwarmConfig, SwarmDHT, dht_time, install_sigterm_handler, start_dht
 from node.swarm.errors import DHTUnavailableError, SwarmError, SwarmStartError
-from node.swarm.records import (
-    GatheredPacket,
-    GatherResult,
-    PacketExchange,
-    PacketRecordValidator,
-    RecordClient,
-    RejectReason,
-)
+from node.swarm.gather import GatheredPacket, GatherResult
+from node.swarm.identity import NodeIdentity
+from node.swarm.packets import PacketExchange
+from node.swarm.record import HeaderRecordValidator, RejectReason
 from protocol.keys import round_at
 
 __all__ = [
@@ -62,17 +65,21 @@ class Swarm:
         if self._identity is not None:
             raise SwarmError("this Swarm was already started; make a new one")
         cfg = self.config
-        identity = NodeIdentity.acquire(cfg.identity_path, cfg.resolved_record_key_path)
+        identity = NodeIdentity.acquire(cfg.identity_path)
         self._identity = identity
-        if identity.identity_path is not None:  # p2pd gets the same resolved file that is locked
+        if cfg.identity_path is not None:  # the resolved file that is locked
             cfg = self.config = cfg.model_copy(update={"identity_path": identity.identity_path})
         try:
-            signer = RSASignatureValidator(identity.record_key)  # this node's own key, not the process-wide one
-            self._dht = start_dht(cfg, [signer, PacketRecordValidator()])
+            # Records are signed with the libp2p identity key (not hivemind's process-wide key),
+            # so the owner subkey of every record proves its writer's peer id.
+            signer = RSASignatureValidator(identity.key)
+            self._dht = start_dht(cfg, [signer, HeaderRecordValidator()], identity)
             self._peer_id = str(self._dht.peer_id)
+            if self._peer_id != identity.peer_id:
+                raise SwarmStartError(f"p2pd runs as {self._peer_id}, not as the identity {identity.peer_id}")
             maddrs = self._dht.get_visible_maddrs()
             self._join_addrs = _loopback_last([str(m) for m in maddrs])
-            client = RecordClient(self._dht)
+            client = RecordClient(self._dht, read_beam=cfg.read_beam)
             self._exchange = PacketExchange(client, cfg, self._peer_id, signer.local_public_key)
             self._exchange.install()
         except SwarmStartError:
@@ -140,11 +147,18 @@ class Swarm:
     def current_round(self) -> int:
         return round_at(dht_time(), self.config.round_seconds)
 
+    def shards_for(self, round: int) -> int:
+        """How many shard keys this node uses for `round` (the setting, or from its swarm-size estimate)."""
+        return self._require().shards_for(round)
+
     # ------------------------------------------------------------ packets
 
-    def publish(self, round: int, packet: bytes) -> bool:
-        """Publish this node's packet for `round` (one per round; a second one replaces the first)."""
-        return self._require().publish(round, packet)
+    def publish(self, round: int, packet: bytes, *, model: str = "", adapter_version: str = "") -> bool:
+        """Publish this node's packet for `round` (one per round; peers that already took one ignore a second).
+
+        `model` and `adapter_version` go into the signed header, for other nodes' swarm view.
+        """
+        return self._require().publish(round, packet, model=model, adapter_version=adapter_version)
 
     def gather(
         self,
@@ -155,8 +169,14 @@ class Swarm:
         max_packet_bytes: int | None = None,
         max_total_bytes: int | None = None,
         stale_rounds: int | None = None,
+        max_peers: int | None = None,
+        exclude_peers: Collection[str] = (),
     ) -> GatherResult:
-        """Peers' new packets for `round` (and `stale_rounds` before it); limits default to the config."""
+        """Peers' new packets for `round` (and `stale_rounds` before it); limits default to the config.
+
+        At most `max_peers` (default `max_peers_per_round`) packets; peers in `exclude_peers`
+        (quarantined by the node) are neither fetched nor judged, only counted in `skipped`.
+        """
         return self._require().gather(
             round,
             deadline_s=deadline_s,
@@ -164,7 +184,14 @@ class Swarm:
             max_packet_bytes=max_packet_bytes,
             max_total_bytes=max_total_bytes,
             stale_rounds=stale_rounds,
+            max_peers=max_peers,
+            exclude_peers=exclude_peers,
         )
+
+    def known_peers(self) -> list[dict[str, Any]]:
+        """Every peer with a valid header in recent rounds (bounded), most recent first:
+        {peer_id, model, adapter_version, round, size, last_seen}."""
+        return self._require().known_peers()
 
     @property
     def dht(self) -> SwarmDHT:

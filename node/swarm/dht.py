@@ -1,4 +1,4 @@
-"""Starting a node's hivemind DHT: configuration, identity, and three work-arounds.
+"""Starting a node's hivemind DHT: its settings, its start-up, and three work-arounds.
 
 The DHT runs in its own process (`hivemind.DHT` forks a child that owns a `DHTNode`
 and a `p2pd` daemon). Three defects of hivemind 1.1.12 are fixed here, in our code:
@@ -23,17 +23,13 @@ and a `p2pd` daemon). Three defects of hivemind 1.1.12 are fixed here, in our co
   itself once the DHT child is gone. `install_sigterm_handler` turns SIGTERM into a
   normal exit so that the DHT is shut down cleanly.
 
-Identity: the libp2p key (`identity_path`, hivemind's format) fixes the peer id; a
-second, separate RSA key (`<identity>.records`) signs our DHT records, so the owner
-subkey survives restarts too. An exclusive lock (`<identity>.lock`) stops two nodes
-from running on one identity.
+Identity (the one key that fixes the peer id and signs records) is in `identity`.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-import fcntl
 import ipaddress
 import logging
 import multiprocessing as mp
@@ -46,23 +42,22 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import hivemind
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.utils import MPFuture, get_dht_time
-from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from node.swarm.errors import SwarmStartError
+from node.swarm.identity import NodeIdentity
+from node.swarm.record import MAX_RECORD_BYTES, RECORD_OVERHEAD_BYTES
+from node.swarm.shards import MAX_SHARDS
+from protocol.codec import Limits
 from protocol.errors import ProtocolError
 from protocol.keys import validate_swarm_id
 
 __all__ = [
     "DEFAULT_PORT",
-    "MAX_RECORD_BYTES",
-    "NodeIdentity",
     "SwarmConfig",
     "SwarmDHT",
     "dht_time",
@@ -73,12 +68,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 31337
-# Hard cap on one DHT record's value, enforced by every node's validator. It is a
-# protocol constant, not a setting: nodes that disagreed on it would store records
-# their peers reject, and hivemind drops a key's whole answer if one entry is invalid.
-MAX_RECORD_BYTES = 1 << 20
-# What a record needs besides its inline body (header fields, msgpack framing).
-RECORD_OVERHEAD_BYTES = 1024
 
 _PR_SET_PDEATHSIG = 1
 _WATCHDOG_PERIOD_S = 0.5
@@ -109,14 +98,12 @@ class SwarmConfig(BaseModel):
     persistent_conn_max_msg_size: int = Field(
         32 << 20,
         ge=4 << 20,
-        description="Largest libp2p message; a round key's answer (all inline records) must fit. Same on all nodes.",
+        description="Largest libp2p message; a shard key's answer (all its headers) must fit. Same on all nodes.",
     )
     # --- identity
     identity_path: Path | None = Field(
-        None, description="libp2p private key file (created if missing). None: a new peer id each start."
-    )
-    record_key_path: Path | None = Field(
-        None, description="RSA key that signs our records [default: <identity_path>.records]."
+        None,
+        description="libp2p key file (created if missing); it also signs our records. None: a new key each start.",
     )
     # --- start-up
     startup_timeout: float = Field(60.0, gt=0, description="Seconds to wait for p2pd and the DHT to start.")
@@ -128,15 +115,52 @@ class SwarmConfig(BaseModel):
     round_seconds: float = Field(30.0, gt=0, description="Length of a round; records live ttl_rounds of them.")
     ttl_rounds: int = Field(3, ge=1, description="Records expire this many rounds after publishing.")
     inline_max_bytes: int = Field(
-        256 << 10, ge=0, description="Packets up to this size go inside the DHT record; larger ones are fetched."
+        2 << 10, ge=0, description="Packets up to this size ride inside their DHT header; larger ones are fetched P2P."
     )
-    max_packet_bytes: int = Field(16 << 20, gt=0, description="Largest packet published or accepted.")
-    max_total_bytes: int = Field(256 << 20, gt=0, description="Largest total of packets one gather accepts.")
+    max_packet_bytes: int = Field(
+        Limits().max_bytes,
+        gt=0,
+        description="Largest packet published or fetched; the codec's Limits.max_bytes, so both limits are one.",
+    )
+    max_total_bytes: int = Field(256 << 20, gt=0, description="Largest total of packets one gather holds.")
     stale_rounds: int = Field(1, ge=0, description="A gather for round r also reads rounds r-1 .. r-stale_rounds.")
-    body_keep_rounds: int = Field(4, ge=1, description="Large bodies are served for this many recent rounds.")
+    body_keep_rounds: int = Field(4, ge=1, description="Bodies are served for this many recent rounds.")
     body_store_max_bytes: int = Field(256 << 20, gt=0, description="Memory bound on served bodies.")
+    # --- gather at scale
+    max_peers_per_round: int = Field(8, ge=1, description="Peers' packets one gather fetches at most (k).")
+    shards: int = Field(
+        0,
+        ge=0,
+        le=MAX_SHARDS,
+        description="Shard keys per round (a power of two, the same on every node); 0: from the swarm-size estimate.",
+    )
+    shard_target: int = Field(16, ge=1, description="With shards=0: peers per shard the shard count aims at.")
+    sample_shards: int = Field(1, ge=0, description="Other shards read each round besides this node's own.")
+    max_shard_reads: int = Field(
+        16, ge=1, description="Shards of one round read at most while they hold fewer than k peers."
+    )
+    read_beam: int = Field(
+        5,
+        ge=1,
+        description="DHT nodes a read walks to (hivemind's beam size); 5 = the nodes each store goes to.",
+    )
     fetch_timeout_s: float = Field(10.0, gt=0, description="Longest wait for one body fetch.")
+    fetch_base_s: float = Field(
+        2.0, gt=0, description="A fetch may take this long plus its size / fetch_min_bytes_per_s."
+    )
+    fetch_min_bytes_per_s: float = Field(
+        1 << 20, gt=0, description="Slowest transfer rate a fetch is allowed before it times out."
+    )
     poll_interval_s: float = Field(0.1, gt=0, description="Pause between DHT reads while gathering.")
+    rejoin_interval_s: float = Field(
+        5.0, gt=0, description="How often a node checks that its bootstrap peers are in its routing table."
+    )
+    rejoin_min_neighbors: int = Field(
+        3, ge=0, description="Below this many DHT neighbours, a node also pings peers it saw recently."
+    )
+    rejoin_known_peers: int = Field(16, ge=0, description="Recently seen peers pinged then, at most.")
+    known_peers_max: int = Field(1024, ge=1, description="Peers remembered for the swarm view.")
+    known_peers_rounds: int = Field(10, ge=1, description="A peer unseen for this many rounds is forgotten.")
 
     @field_validator("swarm_id")
     @classmethod
@@ -147,19 +171,18 @@ class SwarmConfig(BaseModel):
             raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
-    def _inline_fits_a_record(self) -> SwarmConfig:
+    def _consistent(self) -> SwarmConfig:
         limit = MAX_RECORD_BYTES - RECORD_OVERHEAD_BYTES
         if self.inline_max_bytes > limit:
             raise ValueError(f"inline_max_bytes must be <= {limit} (a DHT record holds at most {MAX_RECORD_BYTES})")
         return self
 
-    @property
-    def resolved_record_key_path(self) -> Path | None:
-        if self.record_key_path is not None:
-            return self.record_key_path
-        if self.identity_path is None:
-            return None
-        return self.identity_path.with_name(self.identity_path.name + ".records")
+    @field_validator("shards")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"must be 0 or a power of two, got {value}")
+        return value
 
 
 # ---------------------------------------------------------------- the DHT process
@@ -231,109 +254,6 @@ class SwarmDHT(hivemind.DHT):
         _die_with_parent(self._parent_pid, self._use_pdeathsig)
         _make_recv_blocking(self._inner_pipe)
         super().run()
-
-
-# ---------------------------------------------------------------- identity
-
-
-_LOCKED_IN_PROCESS: set[str] = set()
-_LOCKED_GUARD = threading.Lock()
-
-
-class NodeIdentity:
-    """The node's keys and the lock that makes them exclusive to one running node.
-
-    The lock is a POSIX record lock, which a forked child (the DHT process) does not
-    inherit, so it never outlives the node process; a set of paths locked by this
-    process catches two nodes in one process, which POSIX locks allow.
-    """
-
-    def __init__(self, identity_path: Path | None, record_key: RSAPrivateKey, lock_fd: int | None) -> None:
-        self.identity_path = identity_path
-        self.record_key = record_key
-        self._lock_fd = lock_fd
-
-    @classmethod
-    def acquire(cls, identity_path: Path | None, record_key_path: Path | None) -> NodeIdentity:
-        if identity_path is None:
-            key = _load_or_create_record_key(record_key_path) if record_key_path else RSAPrivateKey()
-            return cls(None, key, None)
-        identity_path = Path(identity_path).expanduser().resolve()
-        try:
-            identity_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SwarmStartError(f"cannot create the identity folder {identity_path.parent}: {e.strerror}") from None
-        lock_fd = _lock_identity(identity_path)
-        try:
-            key_path = record_key_path or identity_path.with_name(identity_path.name + ".records")
-            key = _load_or_create_record_key(key_path)
-        except BaseException:
-            _unlock_identity(identity_path, lock_fd)
-            raise
-        return cls(identity_path, key, lock_fd)
-
-    def release(self) -> None:
-        if self._lock_fd is not None and self.identity_path is not None:
-            _unlock_identity(self.identity_path, self._lock_fd)
-            self._lock_fd = None
-
-
-def _lock_path(identity_path: Path) -> Path:
-    return identity_path.with_name(identity_path.name + ".lock")
-
-
-def _lock_identity(identity_path: Path) -> int:
-    lock_path = _lock_path(identity_path)
-    advice = "give each node its own identity (--data-dir)"
-    with _LOCKED_GUARD:
-        if str(identity_path) in _LOCKED_IN_PROCESS:
-            raise SwarmStartError(f"identity {identity_path} is already used by another node in this process; {advice}")
-        # Check the in-process set *before* opening: closing any fd of a POSIX-locked
-        # file drops this process's lock on it.
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise SwarmStartError(
-                f"identity {identity_path} is already used by another running node (pid {holder}); {advice}"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _LOCKED_IN_PROCESS.add(str(identity_path))
-        return fd
-
-
-def _unlock_identity(identity_path: Path, fd: int) -> None:
-    with _LOCKED_GUARD:
-        _LOCKED_IN_PROCESS.discard(str(identity_path))
-        os.close(fd)  # releases the POSIX lock
-
-
-def _load_or_create_record_key(path: Path) -> RSAPrivateKey:
-    path = Path(path).expanduser()
-    if path.exists():
-        try:
-            der = path.read_bytes()
-            loaded = serialization.load_der_private_key(der, password=None)  # fail here, with the path
-            if not isinstance(loaded, rsa.RSAPrivateKey):
-                raise ValueError(f"not an RSA key but {type(loaded).__name__}")
-        except (OSError, ValueError, TypeError) as e:
-            raise SwarmStartError(
-                f"record key {path} is unreadable ({e}); delete it to make a new one (peers then see a new owner key)"
-            ) from None
-        key = RSAPrivateKey.__new__(RSAPrivateKey)
-        key.__setstate__({"_private_key": der})  # hivemind's own (pickle) path from DER bytes
-        return key
-    key = RSAPrivateKey()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as e:
-        raise SwarmStartError(f"cannot write the record key {path}: {e.strerror}") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.to_bytes())
-    return key
 
 
 # ---------------------------------------------------------------- start-up
@@ -410,8 +330,10 @@ def _start_error(error: BaseException, config: SwarmConfig) -> SwarmStartError:
     return SwarmStartError(f"the DHT failed to start: {text or type(error).__name__}")
 
 
-def start_dht(config: SwarmConfig, record_validators: Iterable[RecordValidatorBase]) -> SwarmDHT:
-    """Start and return a ready `SwarmDHT`, or raise `SwarmStartError` (one line, says what to do).
+def start_dht(
+    config: SwarmConfig, record_validators: Iterable[RecordValidatorBase], identity: NodeIdentity
+) -> SwarmDHT:
+    """Start and return a ready `SwarmDHT` on `identity`, or raise `SwarmStartError` (one line, says what to do).
 
     Bad addresses and busy ports fail before any process starts. Bootstrap failures are
     retried `bootstrap_attempts` times with exponential backoff.
@@ -425,7 +347,8 @@ def start_dht(config: SwarmConfig, record_validators: Iterable[RecordValidatorBa
     kwargs = dict(
         host_maddrs=[listen],
         announce_maddrs=announce or None,
-        identity_path=str(config.identity_path) if config.identity_path is not None else None,
+        identity_path=str(identity.identity_path),
+        check_if_identity_free=not identity.fresh,  # a key made just now is nobody else's
         client_mode=config.client_mode,
         use_relay=config.use_relay,
         use_auto_relay=config.use_auto_relay,
@@ -435,7 +358,7 @@ def start_dht(config: SwarmConfig, record_validators: Iterable[RecordValidatorBa
         wait_timeout=config.rpc_timeout_s,
         ensure_bootstrap_success=True,
     )
-    # One attempt may start two p2pd (hivemind first checks that the identity is free).
+    # One attempt may start two p2pd (hivemind first checks that a reused identity is free).
     ready_timeout = 2 * config.startup_timeout + 2 * config.rpc_timeout_s + 5
     attempts = config.bootstrap_attempts if initial_peers else 1
     started = time.monotonic()

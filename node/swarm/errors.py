@@ -1,7 +1,7 @@
 """Errors raised by the swarm layer.
 
 Only start-up failures are exceptions: once a node runs, bad data from the network is
-counted and logged (see `records.GatherResult`), never raised.
+counted and logged (see `gather.GatherResult`), never raised.
 """
 
 from __future__ import annotations
