@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # torch stays out of this module's import
     from protocol import PacketHeader, RolloutPacket, SamplingParams
 
 SELF = "self"
+# All not-yet-trusted peers together take at most this share of a batch (node/trust.py).
+PROBATION_SHARE = 0.1
 
 
 @dataclass(slots=True)
@@ -50,33 +52,67 @@ class ScoredGroup:
 
 
 def mix_groups(
-    own: list[ScoredGroup], peers: list[ScoredGroup], peer_share: float, rng: random.Random
+    own: list[ScoredGroup],
+    peers: list[ScoredGroup],
+    peer_share: float,
+    rng: random.Random,
+    *,
+    trusted: set[str] | None = None,
+    probation_share: float = PROBATION_SHARE,
 ) -> tuple[list[ScoredGroup], int]:
     """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
 
     With share p, peer sequences are capped at p / (1 - p) times the own ones, so p = 0.5
-    (SAPO's best mix) means at most as many peer samples as own. Peers take turns (in a
-    random order, each peer's groups shuffled), so a peer with many groups cannot crowd
-    the others out. Returns the batch and the number of peer groups left out by the cap.
+    (SAPO's best mix) means at most as many peer samples as own. Peers take turns in
+    sequences (the peer with the fewest sequences taken so far goes next; ties in a random
+    order, each peer's groups shuffled), so neither many groups nor large ones let a peer
+    crowd the others out.
+
+    Peer ids cost nothing to make, so turns alone would hand a Sybil with many ids most of
+    the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
+    node/trust.py) take turns among themselves after the trusted ones, and all of them
+    together take at most `probation_share` of the batch. `trusted=None` trusts everyone.
+    Returns the batch and the number of peer groups left out.
     """
     if peer_share <= 0 or not peers:
         return list(own), len(peers)
     own_seqs = sum(len(g.sequences) for g in own)
+    peer_seqs = sum(len(g.sequences) for g in peers)
     budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
-    by_source: dict[str, list[ScoredGroup]] = {}
-    for group in peers:
-        by_source.setdefault(group.source, []).append(group)
-    queues = [rng.sample(groups, len(groups)) for _, groups in sorted(by_source.items())]
-    rng.shuffle(queues)
-    chosen, used = [], 0
-    while any(queues):
-        for queue in queues:
-            if queue:
-                group = queue.pop()
-                if used + len(group.sequences) <= budget:
-                    chosen.append(group)
-                    used += len(group.sequences)
+    if trusted is None:
+        known, newcomers = peers, []
+    else:
+        known = [g for g in peers if g.source in trusted]
+        newcomers = [g for g in peers if g.source not in trusted]
+    chosen, used = _take_turns(known, budget, rng)
+    if newcomers:
+        largest_batch = own_seqs + min(budget, peer_seqs)
+        cap = min(budget - used, probation_share * largest_batch)
+        chosen += _take_turns(newcomers, cap, rng)[0]
     return list(own) + chosen, len(peers) - len(chosen)
+
+
+def _take_turns(groups: list[ScoredGroup], budget: float, rng: random.Random) -> tuple[list[ScoredGroup], int]:
+    """Groups of several sources, fairly: the source with the fewest sequences taken goes next."""
+    by_source: dict[str, list[ScoredGroup]] = {}
+    for group in groups:
+        by_source.setdefault(group.source, []).append(group)
+    queues = [rng.sample(gs, len(gs)) for _, gs in sorted(by_source.items())]
+    rng.shuffle(queues)
+    taken = [0] * len(queues)
+    chosen, used = [], 0
+    active = [i for i, q in enumerate(queues) if q]
+    while active:
+        i = min(active, key=lambda k: (taken[k], k))
+        group = queues[i].pop()
+        n = len(group.sequences)
+        if used + n <= budget:
+            chosen.append(group)
+            used += n
+            taken[i] += n
+        if not queues[i]:
+            active.remove(i)
+    return chosen, used
 
 
 def to_packet(own: list[ScoredGroup], header: PacketHeader, sampling: SamplingParams) -> RolloutPacket:
