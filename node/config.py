@@ -8,12 +8,13 @@ file named by `--config` (or `FTIS_CONFIG`), then the defaults below. The CLI bu
 
 from __future__ import annotations
 
+import copy
 import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,11 +22,20 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from node.groups import PROBATION_SHARE
+from node.screen import ScreenConfig
+from node.trust import TrustConfig
+
 LOSS_CHOICES = ("f-tis", "tis", "vis", "nois", "f-nois", "f-vis", "alone")
 DEFAULT_PORT = 31337
 DEFAULT_API_PORT = 8470
 # The YAML file of the `load` call in progress (pydantic-settings asks the class for sources).
 _YAML_FILE: ContextVar[Path | None] = ContextVar("ftis_yaml_file", default=None)
+
+
+def _same_as(model: type[BaseModel], name: str) -> Any:
+    """`model`'s field `name` (default, bounds, help) as a setting: one definition, no copy to drift."""
+    return copy.deepcopy(model.model_fields[name])
 
 
 def default_data_root() -> Path:
@@ -78,6 +88,24 @@ class NodeConfig(BaseSettings):
     cross_tokenizer: Literal["graft", "drop"] = Field(
         "graft", description="Peers with another tokenizer: sequence-level weight (graft) or drop."
     )
+    # --- hostile peers (docs/security.md)
+    screen: bool = Field(True, description="Screen peers' completions under this node's own model.")
+    screen_logprob_floor: float = _same_as(ScreenConfig, "logprob_floor")
+    screen_top_k: int = _same_as(ScreenConfig, "support_top_k")
+    screen_max_run: int = _same_as(ScreenConfig, "max_run")
+    screen_max_flagged: float = _same_as(ScreenConfig, "max_flagged")
+    claim_margin: float = _same_as(ScreenConfig, "claim_margin")
+    judge_model: str | None = Field(
+        None, description="A local model that judges peers' completions (e.g. smollm2-135m-embedded; off if unset)."
+    )
+    judge_threshold: float = Field(0.5, gt=0, lt=1, description="Drop a completion the judge flags with this P(yes).")
+    probation_rounds: int = _same_as(TrustConfig, "probation_rounds")
+    probation_share: float = Field(
+        PROBATION_SHARE, ge=0, le=1, description="Largest share of a batch that all peers on probation together take."
+    )
+    quarantine_fraction: float = _same_as(TrustConfig, "quarantine_fraction")
+    quarantine_after: int = _same_as(TrustConfig, "quarantine_after")
+    quarantine_rounds: int = _same_as(TrustConfig, "quarantine_rounds")
     # --- the swarm
     swarm: list[str] = Field(
         default_factory=list, description="Multiaddr of a peer to join (repeatable). None: start a new swarm."
@@ -102,6 +130,26 @@ class NodeConfig(BaseSettings):
         if value not in LOSS_CHOICES:
             raise ValueError(f"unknown loss {value!r}; use one of: {', '.join(LOSS_CHOICES)}")
         return value
+
+    @property
+    def screen_config(self) -> ScreenConfig:
+        return ScreenConfig(
+            enabled=self.screen,
+            logprob_floor=self.screen_logprob_floor,
+            support_top_k=self.screen_top_k,
+            max_run=self.screen_max_run,
+            max_flagged=self.screen_max_flagged,
+            claim_margin=self.claim_margin,
+        )
+
+    @property
+    def trust_config(self) -> TrustConfig:
+        return TrustConfig(
+            probation_rounds=self.probation_rounds,
+            quarantine_fraction=self.quarantine_fraction,
+            quarantine_after=self.quarantine_after,
+            quarantine_rounds=self.quarantine_rounds,
+        )
 
     @property
     def node_dir(self) -> Path:
