@@ -36,7 +36,7 @@ __all__ = [
     "write_report",
 ]
 
-BENCH_NAMES = ("protocol", "train", "gather", "engines")
+BENCH_NAMES = ("protocol", "train", "gather", "engines", "attack")
 REGENERATE = "ftis-node bench all --out docs/benchmarks.md --json-out docs/benchmarks.json"
 
 
@@ -61,16 +61,20 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
         train = {"model": "tiny-s", "batch": 4, "group_size": 2, "completion_len": 8, "repeats": 1}
         gather = {"peers": [2], "rounds": 1}
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
+        attack = {"model": "tiny-s", "rounds": 2, "last": 1, "prompts": 2, "group_size": 4}
+        attack |= {"heterogeneous_rounds": 0, "judge": None}
     else:
         protocol = {"repeats": 5}
         train = {"model": "tiny-m", "batch": 16, "group_size": 4, "completion_len": 64, "repeats": 5}
         gather = {"peers": [2, 4, 8], "rounds": 5}
         engines = {"models": ["tiny-s", "tiny-m", "tiny-l"], "prompts": 16, "max_tokens": 32, "repeats": 5}
+        attack = {}  # the defaults of `ftis-node bench attack`
     return [
         BenchSpec("protocol", "node.bench.protocol", "run_protocol_bench", protocol),
         BenchSpec("train", "node.bench.train", "run_train_bench", train),
         BenchSpec("gather", "node.bench.gather", "run_gather_bench", gather),
         BenchSpec("engines", "node.bench.engines", "run_engine_bench", engines),
+        BenchSpec("attack", "node.bench.attack", "run_attack_bench", attack),
     ]
 
 
@@ -100,6 +104,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("train", "F-TIS step overhead vs plain GRPO", lambda r: r["loss_overhead_vs_grpo"], "<=", 0.05, ""),
     Goal("train", "F-TIS step time / TRL GRPOTrainer step time", lambda r: r["ratio_vs_trl"], "<=", 1.0, "x"),
     Goal("gather", "gather median at 8 peers", lambda r: r["gather_s_median"]["8"], "<=", 0.5, "s"),
+    Goal(
+        "attack",
+        "attack success, screen off (the attack works)",
+        lambda r: r["asr_screen_off"],
+        ">=",
+        0.5,
+        "of completions",
+    ),
+    Goal("attack", "attack success, screen on", lambda r: r["asr_screen_on"], "<=", 0.05, "of completions"),
+    Goal("attack", "honest samples kept by the screen", lambda r: r["honest_acceptance"], ">=", 0.95, "of samples"),
 )
 
 
@@ -324,6 +338,32 @@ def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _attack_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    s = r.get("settings", {})
+    rows = [
+        ("rounds per run (ASR over the last)", f"{_fmt(_get(r, 'rounds'))} ({_fmt(_get(r, 'last_rounds'))})"),
+        ("honest nodes", ", ".join(s.get("honest", [])) + f", LoRA lr {_fmt(s.get('lr'), 'g')}"),
+        ("phrase injected after correct answers", f"`{s.get('phrase')}`"),
+        (
+            "attacker's declared temperature / claimed log-prob",
+            f"{s.get('attacker_temperature')} / {s.get('attacker_claim')}",
+        ),
+        (
+            "attacker samples screened / used (screen on)",
+            f"{_fmt(_get(r, 'screen_on', 'attacker_screened'))} / {_fmt(_get(r, 'screen_on', 'attacker_used'))}",
+        ),
+        ("attacker quarantined at round (per honest node)", str(_get(r, "screen_on", "attacker_quarantined_at"))),
+        ("heterogeneous swarm: honest samples kept", _fmt(_get(r, "heterogeneous", "acceptance"), ".3f")),
+        ("judge: ms per completion", _fmt(_get(r, "judge", "ms_per_completion"), ".1f")),
+        (
+            "judge: poisoned / honest flagged",
+            f"{_fmt(_get(r, 'judge', 'flagged_poisoned'), '.2f')} / {_fmt(_get(r, 'judge', 'flagged_honest'), '.2f')}",
+        ),
+        ("time", f"{_fmt(_get(r, 'seconds'), '.0f')} s"),
+    ]
+    return rows
+
+
 def _gather_section(r: dict[str, Any], goals: list[dict[str, Any]]) -> list[str]:
     rows = []
     for n, s in (_get(r, "by_size") or {}).items():
@@ -465,6 +505,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "train": "Training step",
         "gather": "Gather latency",
         "engines": "Rollout engines",
+        "attack": "Poisoning attack (HTTT)",
     }
     for name, r in benches.items():
         took = _get(result, "elapsed_s", name)
@@ -484,6 +525,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += _gather_section(r, g)
         elif name == "engines":
             lines += _engines_section(r)
+        elif name == "attack":
+            lines += _figures_table(_attack_rows(r), g)
         else:
             lines += ["```json", json.dumps(r, indent=2, default=_json_default), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -496,6 +539,7 @@ def format_suite(result: dict[str, Any]) -> str:
         "train": ("node.bench.train", "format_train_bench"),
         "engines": ("node.bench.engines", "format_engine_bench"),
         "gather": ("node.bench.gather", "format_gather_bench"),
+        "attack": ("node.bench.attack", "format_attack_bench"),
     }
     parts = []
     for name, r in result["benchmarks"].items():
