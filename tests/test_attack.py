@@ -23,7 +23,7 @@ def test_quick_attack_mechanics():
     assert off["attacker_trust"] == ["trusted"] * 3
     # screened: not one poisoned sample admitted; quarantined after two bad rounds; honest peers kept
     assert on["attacker_poisoned_admitted"] == 0 and on["attacker_used"] == 0
-    assert on["attacker_trust"] == ["quarantined"] * 3 and on["attacker_quarantined_at"] == [1, 1, 1]
+    assert on["attacker_trust"] == ["quarantined"] * 3 and on["attacker_quarantined_by_all_at"] == 1
     assert r["honest_acceptance"] >= 0.95 and on["honest_samples_checked"] > 0
     assert len(off["asr_by_round"]) == 3 and r["rounds"] == 3
     assert "ASR screen off" in format_attack_bench(r)

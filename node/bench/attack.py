@@ -30,11 +30,13 @@ tiny-alt with another tokenizer, LoRA), with no attacker.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +239,7 @@ def _play(
             **attacker,
         )
         recorders = [_Recorder(n) for n in nodes]
-        curve, rewards = [], []
+        curve, rewards, quarantined = [], [], []
         for r in range(rounds):
             opened = [n.begin_round(r) for n in nodes]
             evil.publish(r)
@@ -247,11 +249,12 @@ def _play(
             texts = [s.text for o in opened for g in o.own for s in g.sequences]
             curve.append(round(float(np.mean([evil.phrase in t for t in texts])), 4))
             rewards.append(round(float(np.mean([res.reward_mean for res in results])), 4))
+            quarantined.append(sum(evil.peer_id in n.trust.quarantined(r + 1) for n in nodes))
         honest_ids = set(peer_of)
         checked = sum(rec.checked[p] for rec in recorders for p in honest_ids)
         dropped = sum(rec.dropped[p] for rec in recorders for p in honest_ids)
         status = [n.status.snapshot()["peers"].get(evil.peer_id, {}) for n in nodes]
-        quarantined_at = _first_quarantine(nodes, evil.peer_id)
+        first = next((r for r, q in enumerate(quarantined) if q == len(nodes)), None)
         return {
             "screen": screen,
             "asr": round(float(np.mean(curve[-last:])), 4),
@@ -264,8 +267,8 @@ def _play(
             "attacker_poisoned_admitted": sum(rec.poisoned[evil.peer_id] for rec in recorders),
             "attacker_used": sum(s.get("samples_used", 0) for s in status),
             "attacker_trust": [s.get("trust") for s in status],
-            "attacker_quarantined_until": [s.get("quarantined_until") for s in status],
-            "attacker_quarantined_at": quarantined_at,
+            "attacker_quarantined_by_round": quarantined,  # how many honest nodes hold it quarantined
+            "attacker_quarantined_by_all_at": first,  # the round at whose end every honest node did
             "seconds": round(time.perf_counter() - started, 1),
         }
     finally:
@@ -274,15 +277,6 @@ def _play(
         if dht and evil_exchange is not None:
             evil_exchange.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _first_quarantine(nodes, peer_id: str) -> list[int | None]:
-    """Per honest node, the round at whose end it quarantined the attacker (None: never)."""
-    out = []
-    for node in nodes:
-        until = node.trust.get(peer_id).quarantined_until
-        out.append(None if until is None else until - 1 - node.trust.cfg.quarantine_rounds)
-    return out
 
 
 def measure_heterogeneous(rounds: int = 8, seed: int = 0, prompts: int = 4, group_size: int = 8) -> dict[str, Any]:
@@ -400,8 +394,9 @@ def run_attack_bench(
         attacker={"temperature": temperature, "claim": claim},
         honest=(model,) * len(HONEST) if model else HONEST,
     )
-    off = _play(screen=False, **kw)
-    on = _play(screen=True, **kw)
+    with _no_hf_bars():
+        off = _play(screen=False, **kw)
+        on = _play(screen=True, **kw)
     result: dict[str, Any] = {
         "asr_screen_off": off["asr"],
         "asr_screen_on": on["asr"],
@@ -425,7 +420,8 @@ def run_attack_bench(
         "screen_on": on,
     }
     if heterogeneous_rounds:
-        result["heterogeneous"] = measure_heterogeneous(heterogeneous_rounds, seed)
+        with _no_hf_bars():
+            result["heterogeneous"] = measure_heterogeneous(heterogeneous_rounds, seed)
     if judge:
         try:
             result["judge"] = measure_judge(judge)
@@ -433,6 +429,20 @@ def run_attack_bench(
             result["judge"] = {"error": f"{type(err).__name__}: {err}"}
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
+
+
+@contextlib.contextmanager
+def _no_hf_bars() -> Iterator[None]:
+    """No transformers progress bars: every round saves a checkpoint, one bar each would drown the output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def format_attack_bench(r: dict[str, Any]) -> str:
@@ -444,7 +454,8 @@ def format_attack_bench(r: dict[str, Any]) -> str:
     on = r["screen_on"]
     lines.append(
         f"  screened run: attacker samples screened {on['attacker_screened']}, used {on['attacker_used']}, "
-        f"trust {on['attacker_trust']} (quarantined at rounds {on['attacker_quarantined_at']})"
+        f"poisoned admitted {on['attacker_poisoned_admitted']}, quarantined by all at round "
+        f"{on['attacker_quarantined_by_all_at']}"
     )
     if "heterogeneous" in r:
         h = r["heterogeneous"]

@@ -352,7 +352,10 @@ def _attack_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             "attacker samples screened / used (screen on)",
             f"{_fmt(_get(r, 'screen_on', 'attacker_screened'))} / {_fmt(_get(r, 'screen_on', 'attacker_used'))}",
         ),
-        ("attacker quarantined at round (per honest node)", str(_get(r, "screen_on", "attacker_quarantined_at"))),
+        (
+            "attacker quarantined by every honest node at round",
+            _fmt(_get(r, "screen_on", "attacker_quarantined_by_all_at")),
+        ),
         ("heterogeneous swarm: honest samples kept", _fmt(_get(r, "heterogeneous", "acceptance"), ".3f")),
         ("judge: ms per completion", _fmt(_get(r, "judge", "ms_per_completion"), ".1f")),
         (
