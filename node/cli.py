@@ -127,6 +127,7 @@ def bench_attack(
         lr=lr,
         heterogeneous_rounds=heterogeneous_rounds,
         judge=judge or None,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     _emit(result, as_json, format_attack_bench(result))
 

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,7 @@ def _play(
     max_tokens: int,
     attacker: dict[str, Any],
     honest: tuple[str, ...] = HONEST,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """One run: the honest nodes and the attacker, `rounds` lockstep rounds."""
     work = Path(tempfile.mkdtemp(prefix="ftis-attack-"))
@@ -250,6 +251,8 @@ def _play(
             curve.append(round(float(np.mean([evil.phrase in t for t in texts])), 4))
             rewards.append(round(float(np.mean([res.reward_mean for res in results])), 4))
             quarantined.append(sum(evil.peer_id in n.trust.quarantined(r + 1) for n in nodes))
+            if say:
+                say(f"screen {'on ' if screen else 'off'} round {r}: ASR {curve[-1]:.3f}, reward {rewards[-1]:.3f}")
         honest_ids = set(peer_of)
         checked = sum(rec.checked[p] for rec in recorders for p in honest_ids)
         dropped = sum(rec.dropped[p] for rec in recorders for p in honest_ids)
@@ -372,6 +375,7 @@ def run_attack_bench(
     heterogeneous_rounds: int = 8,
     judge: str | None = "smollm2-135m-embedded",
     model: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Both runs (screen off, then on, same seeds), the heterogeneous false-positive check and the judge's cost.
 
@@ -393,6 +397,7 @@ def run_attack_bench(
         max_tokens=max_tokens,
         attacker={"temperature": temperature, "claim": claim},
         honest=(model,) * len(HONEST) if model else HONEST,
+        say=progress,
     )
     with _no_hf_bars():
         off = _play(screen=False, **kw)
