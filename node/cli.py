@@ -186,6 +186,33 @@ def bench_fuzz(
     _emit(result, as_json, format_fuzz_bench(result))
 
 
+@bench_app.command("attack")
+def bench_attack(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    rounds: int = typer.Option(40, min=1, help="Rounds per run (screen off, then on)."),
+    last: int = typer.Option(5, min=1, help="The attack success rate is measured over the last rounds."),
+    dht: bool = typer.Option(False, "--dht", help="Run through real hivemind DHTs on 127.0.0.1."),
+    seed: int = typer.Option(0, help="Seed of both runs."),
+    lr: float = typer.Option(2e-3, help="Learning rate of the honest (LoRA) nodes."),
+    heterogeneous_rounds: int = typer.Option(8, min=0, help="Rounds of the false-positive check (0: skip)."),
+    judge: str = typer.Option("smollm2-135m-embedded", help="Judge model whose cost is measured ('' to skip)."),
+) -> None:
+    """The HTTT poisoning attack on 3 honest nodes, with the screen off and on (docs/security.md)."""
+    from node.bench.attack import format_attack_bench, run_attack_bench
+
+    result = run_attack_bench(
+        rounds=rounds,
+        last=last,
+        dht=dht,
+        seed=seed,
+        lr=lr,
+        heterogeneous_rounds=heterogeneous_rounds,
+        judge=judge or None,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    _emit(result, as_json, format_attack_bench(result))
+
+
 @bench_app.command("all")
 def bench_all(
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of tables."),

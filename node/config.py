@@ -18,6 +18,7 @@ rule (`protocol.keys`) are imported directly.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import types
@@ -36,6 +37,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from node.groups import PROBATION_SHARE
+from node.screen import ScreenConfig
+from node.trust import TrustConfig
 from protocol import Limits, ProtocolError
 from protocol.keys import validate_swarm_id
 
@@ -74,6 +78,15 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "max_peers_per_round": ("node.swarm.dht", "SwarmConfig", "max_peers_per_round"),
     "shards": ("node.swarm.dht", "SwarmConfig", "shards"),
     "max_packet_bytes": ("node.swarm.dht", "SwarmConfig", "max_packet_bytes"),
+    "screen_logprob_floor": ("node.screen", "ScreenConfig", "logprob_floor"),
+    "screen_top_k": ("node.screen", "ScreenConfig", "support_top_k"),
+    "screen_max_run": ("node.screen", "ScreenConfig", "max_run"),
+    "screen_max_flagged": ("node.screen", "ScreenConfig", "max_flagged"),
+    "claim_margin": ("node.screen", "ScreenConfig", "claim_margin"),
+    "probation_rounds": ("node.trust", "TrustConfig", "probation_rounds"),
+    "quarantine_fraction": ("node.trust", "TrustConfig", "quarantine_fraction"),
+    "quarantine_after": ("node.trust", "TrustConfig", "quarantine_after"),
+    "quarantine_rounds": ("node.trust", "TrustConfig", "quarantine_rounds"),
 }
 
 
@@ -90,6 +103,11 @@ class GenerationDefaults(BaseModel):
 # and room to write a sentence around its answer; see README, "SmolLM2 on a CPU".
 PLAIN_DEFAULTS = GenerationDefaults(chat_template=False, max_tokens=32, temperature=1.0)
 INSTRUCT_DEFAULTS = GenerationDefaults(chat_template=True, max_tokens=64, temperature=0.7)
+
+
+def _same_as(model: type[BaseModel], name: str) -> Any:
+    """`model`'s field `name` (default, bounds, help) as a setting: one definition, no copy to drift."""
+    return copy.deepcopy(model.model_fields[name])
 
 
 def default_data_root() -> Path:
@@ -179,6 +197,26 @@ class NodeConfig(BaseSettings):
     cross_tokenizer: Literal["graft", "drop"] = Field(
         "graft", description="Peers with another tokenizer: sequence-level weight (graft) or drop."
     )
+    # --- hostile peers (docs/security.md)
+    screen: bool = Field(True, description="Screen peers' completions under this node's own model.")
+    screen_logprob_floor: float = _same_as(ScreenConfig, "logprob_floor")
+    screen_top_k: int = _same_as(ScreenConfig, "support_top_k")
+    screen_max_run: int = _same_as(ScreenConfig, "max_run")
+    screen_max_flagged: float = _same_as(ScreenConfig, "max_flagged")
+    claim_margin: float = _same_as(ScreenConfig, "claim_margin")
+    judge_model: str | None = Field(
+        None,
+        description="A local model that judges peers' completions (e.g. smollm2-135m-embedded).",
+        json_schema_extra=_extra("no judge"),
+    )
+    judge_threshold: float = Field(0.5, gt=0, lt=1, description="Drop a completion the judge flags with this P(yes).")
+    probation_rounds: int = _same_as(TrustConfig, "probation_rounds")
+    probation_share: float = Field(
+        PROBATION_SHARE, ge=0, le=1, description="Largest share of a batch that all peers on probation together take."
+    )
+    quarantine_fraction: float = _same_as(TrustConfig, "quarantine_fraction")
+    quarantine_after: int = _same_as(TrustConfig, "quarantine_after")
+    quarantine_rounds: int = _same_as(TrustConfig, "quarantine_rounds")
     # --- the swarm
     swarm: Addrs = Field(
         default_factory=list,
@@ -310,6 +348,26 @@ class NodeConfig(BaseSettings):
             shards=self.shards,
             max_packet_bytes=self.max_packet_bytes,
             **runtime,
+        )
+
+    @property
+    def screen_config(self) -> ScreenConfig:
+        return ScreenConfig(
+            enabled=self.screen,
+            logprob_floor=self.screen_logprob_floor,
+            support_top_k=self.screen_top_k,
+            max_run=self.screen_max_run,
+            max_flagged=self.screen_max_flagged,
+            claim_margin=self.claim_margin,
+        )
+
+    @property
+    def trust_config(self) -> TrustConfig:
+        return TrustConfig(
+            probation_rounds=self.probation_rounds,
+            quarantine_fraction=self.quarantine_fraction,
+            quarantine_after=self.quarantine_after,
+            quarantine_rounds=self.quarantine_rounds,
         )
 
     @property

@@ -114,12 +114,20 @@ class Node:
         self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
         self._resume()
+        from node.trust import TrustBook
+
+        self.trust = TrustBook(cfg.trust_config)
         self.admission = Admission(
             task=self.task,
             tokenizer=self.tokenizer,
             fingerprint=self.fingerprint,
             swarm_id=cfg.swarm_id,
-            local_logprobs=self._local_logprobs,
+            local_view=self._local_view,
+            vocab_size=min(len(self.tokenizer), self.trainer.vocab_size),
+            max_positions=self.trainer.max_positions,
+            screens=self._screens(),
+            claim_margin=cfg.claim_margin,
+            trust=self.trust,
             cross_tokenizer=cfg.cross_tokenizer,
             chat_template=self.generation.chat_template,
             limits=Limits(max_bytes=cfg.max_packet_bytes),  # the swarm's packet limit too: one limit
@@ -136,6 +144,20 @@ class Node:
         if self.on_ready:
             self.on_ready(self)
         return self
+
+    def _screens(self) -> list:
+        """The screening stages of admission, cheapest first (docs/security.md)."""
+        from node.screen import PlausibilityScreen
+
+        cfg = self.cfg
+        screens: list = [PlausibilityScreen(cfg.screen_config)] if cfg.screen else []
+        if cfg.judge_model:
+            from node.judge import JudgeScreen, ModelJudge
+
+            self.status.set_phase("loading judge")
+            judge = ModelJudge(cfg.judge_model, device=cfg.device)
+            screens.append(JudgeScreen(judge, self.tokenizer.decode, cfg.judge_threshold))
+        return screens
 
     def _resume(self) -> None:
         from node.train.checkpoint import load_latest
@@ -249,9 +271,16 @@ class Node:
         if self.cfg.loss == "alone":
             used, left_out = list(own), len(peers)
         else:
-            used, left_out = mix_groups(own, peers, self.cfg.peer_share, self._round_rng("mix", r))
+            used, left_out = mix_groups(
+                own,
+                peers,
+                self.cfg.peer_share,
+                self._round_rng("mix", r),
+                trusted=self.trust.trusted(),
+                probation_share=self.cfg.probation_share,
+            )
         self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
-        metrics = self.train(used)
+        metrics = self._train_round(used)
         self._account_peer_use(used, metrics)
         self.status.set_phase("checkpointing", r)
         self.checkpoint(r)
@@ -290,12 +319,11 @@ class Node:
         return result
 
     def _push_swarm_view(self) -> None:
-        """Every peer the swarm layer knows of, for GET /swarm (swarm layers without the list are skipped)."""
-        known_peers = getattr(self.swarm, "known_peers", None)
-        if not callable(known_peers):
+        """Every peer the swarm layer knows of, for GET /swarm."""
+        if self.swarm is None:
             return
         try:
-            self.status.set_swarm_peers(list(known_peers()))
+            self.status.set_swarm_peers(list(self.swarm.known_peers()))
         except Exception as e:  # a view for people: never worth a round
             logger.debug("known_peers failed: %r", e)
 
@@ -389,19 +417,28 @@ class Node:
         return encode(to_packet(own, header, params))
 
     def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
-        gathered = self.swarm.gather(r, deadline_s=self.cfg.gather_seconds, expect_peers=self.cfg.expect_peers)
+        # Quarantined peers: Admission.admit refuses their packets unread; the swarm does not
+        # even fetch them.
+        gathered = self.swarm.gather(
+            r,
+            deadline_s=self.cfg.gather_seconds,
+            expect_peers=self.cfg.expect_peers,
+            exclude_peers=self.trust.quarantined(r),
+        )
         for peer_id, reasons in gathered.rejected_by_peer.items():  # each under the id its signing key proves
             for reason, count in reasons.items():
                 self.status.reject(peer_id, str(reason), count=count)
         for kind, count in gathered.errors.items():
             self.status.swarm_error(kind, count)
-        bytes_read = getattr(gathered, "bytes_read", None)
-        self.status.round_io(
-            gather_seconds=gathered.elapsed_s, bytes_read=gathered.total_bytes if bytes_read is None else bytes_read
-        )
+        self.status.round_io(gather_seconds=gathered.elapsed_s, bytes_read=gathered.bytes_read)
         groups: list[ScoredGroup] = []
         for item in gathered.packets:
-            admitted = self.admission.admit(item.peer_id, item.data, r)
+            try:
+                admitted = self.admission.admit(item.peer_id, item.data, r)
+            except Exception as err:  # admission never raises by design; if it does, one packet is lost
+                logger.exception("admission failed on a packet from %s", item.peer_id)
+                self.status.reject(item.peer_id, "admission_error", f"{type(err).__name__}: {err}")
+                continue
             for reason, count in admitted.rejected.items():
                 self.status.reject(item.peer_id, reason, admitted.details.get(reason, ""), count=count)
             self.status.peer_update(
@@ -415,7 +452,21 @@ class Node:
             )
             self.status.peer_rewards(item.peer_id, [s.reward for g in admitted.groups for s in g.sequences])
             groups.extend(admitted.groups)
+        self.trust.end_round(r)
+        self._show_trust()
         return groups, len(gathered.peers)
+
+    def _show_trust(self) -> None:
+        for peer in self.trust.peers():
+            self.status.peer_update(
+                peer.peer_id,
+                trust=peer.state,
+                trust_reason=peer.reason,
+                screened=dict(peer.screened),
+                quarantined_until=None,  # replaced, not added to (peer_update adds ints)
+            )
+            if peer.quarantined_until is not None:
+                self.status.peer_update(peer.peer_id, quarantined_until=peer.quarantined_until)
 
     def train(self, groups: list[ScoredGroup]) -> dict[str, Any]:
         """One F-TIS step on `groups`; advantages are computed within each group."""
@@ -423,8 +474,45 @@ class Node:
         if batch is None:
             return {}
         metrics = self.trainer.step(batch)
+        if "skipped" in metrics:
+            logger.warning("training step skipped: %s", metrics["skipped"])
+            return metrics | {"step_skipped": 1}
         self._dirty = True
         return metrics
+
+    def _train_round(self, used: list[ScoredGroup]) -> dict[str, Any]:
+        """`train(used)`, except that peers' data which breaks the step costs those peers their
+        groups for this round (counted as `untrainable`), never the node its round loop."""
+        steps = self.trainer.steps
+        try:
+            metrics = self.train(used)
+            trouble = metrics.get("skipped")
+        except Exception as err:
+            if all(g.source == SELF for g in used):
+                raise  # our own samples: a bug to see, not a peer to blame
+            metrics, trouble = {}, f"{type(err).__name__}: {err}"
+        peers = sorted({g.source for g in used if g.source != SELF})
+        if trouble is None or not peers or self.trainer.steps != steps:
+            return metrics
+        blamed = self._untrainable(used) or set(peers)
+        for peer in blamed:
+            n = sum(len(g.sequences) for g in used if g.source == peer)
+            self.status.reject(peer, "untrainable", trouble, count=n)
+        logger.warning("dropping the groups of %s this round: %s", ", ".join(sorted(blamed)), trouble)
+        kept = [g for g in used if g.source not in blamed]
+        return self.train(kept) | {"peer_groups_dropped": len(used) - len(kept)}
+
+    def _untrainable(self, used: list[ScoredGroup]) -> set[str]:
+        """The peers whose groups alone fail the trainer's checks."""
+        bad = set()
+        for source in {g.source for g in used if g.source != SELF}:
+            try:
+                batch = to_train_batch([g for g in used if g.source == source])
+                if batch is not None:
+                    self.trainer._check(batch)
+            except Exception:
+                bad.add(source)
+        return bad
 
     def _account_peer_use(self, used: list[ScoredGroup], metrics: dict[str, Any]) -> None:
         by_source = metrics.get("by_source", {})
@@ -441,6 +529,21 @@ class Node:
         self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
         self.round_done = r
         self._dirty = False
+
+    def _local_view(self, prompt_ids, completions, temperature, top_k, top_p):
+        """Our log-prob and rank of each token of `completions` (the screen's input)."""
+        from node.screen import score_completions
+
+        return score_completions(
+            self.trainer.model,
+            prompt_ids,
+            completions,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            pad_id=self.trainer.pad_id,
+            token_budget=self.trainer.cfg.micro_batch_tokens,
+        )
 
     def _local_logprobs(self, prompt_ids, completion_ids, temperature, top_k, top_p) -> np.ndarray:
         import torch

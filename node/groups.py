@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # torch stays out of this module's import
     from protocol import PacketHeader, RolloutPacket, SamplingParams
 
 SELF = "self"
+# All not-yet-trusted peers together take at most this share of a batch (node/trust.py).
+PROBATION_SHARE = 0.1
 
 
 @dataclass(slots=True)
@@ -50,33 +52,64 @@ class ScoredGroup:
 
 
 def mix_groups(
-    own: list[ScoredGroup], peers: list[ScoredGroup], peer_share: float, rng: random.Random
+    own: list[ScoredGroup],
+    peers: list[ScoredGroup],
+    peer_share: float,
+    rng: random.Random,
+    *,
+    trusted: set[str] | None = None,
+    probation_share: float = PROBATION_SHARE,
 ) -> tuple[list[ScoredGroup], int]:
     """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
 
     With share p, peer sequences are capped at p / (1 - p) times the own ones, so p = 0.5
-    (SAPO's best mix) means at most as many peer samples as own. Peers take turns (in a
-    random order, each peer's groups shuffled), so a peer with many groups cannot crowd
-    the others out. Returns the batch and the number of peer groups left out by the cap.
+    (SAPO's best mix) means at most as many peer samples as own. Peers take turns, one
+    group each (in a random order, each peer's groups shuffled): the loss averages over
+    groups, so a group is one unit of influence whatever its size, and equal turns keep
+    a peer with many groups, or with many small ones, from crowding the others out.
+
+    Peer ids cost nothing to make, so turns alone would hand a Sybil with many ids most of
+    the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
+    node/trust.py) take their turns after the trusted ones, and all of them together carry
+    at most `probation_share` of the loss (of the batch's groups). `trusted=None` trusts
+    everyone. Returns the batch and the number of peer groups left out.
     """
     if peer_share <= 0 or not peers:
         return list(own), len(peers)
     own_seqs = sum(len(g.sequences) for g in own)
     budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
+    if trusted is None:
+        known, newcomers = peers, []
+    else:
+        known = [g for g in peers if g.source in trusted]
+        newcomers = [g for g in peers if g.source not in trusted]
+    chosen, used = _take_turns(known, budget, float("inf"), rng)
+    if newcomers and probation_share > 0:
+        # u groups out of (own + trusted + u) is at most probation_share when u <= s / (1 - s) * (own + trusted)
+        share = min(probation_share, 0.999)
+        max_groups = int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9)
+        chosen += _take_turns(newcomers, budget - used, max_groups, rng)[0]
+    return list(own) + chosen, len(peers) - len(chosen)
+
+
+def _take_turns(
+    groups: list[ScoredGroup], budget: float, max_groups: float, rng: random.Random
+) -> tuple[list[ScoredGroup], int]:
+    """Groups of several sources in turns, one group per source per turn, within `budget` sequences."""
     by_source: dict[str, list[ScoredGroup]] = {}
-    for group in peers:
+    for group in groups:
         by_source.setdefault(group.source, []).append(group)
-    queues = [rng.sample(groups, len(groups)) for _, groups in sorted(by_source.items())]
+    queues = [rng.sample(gs, len(gs)) for _, gs in sorted(by_source.items())]
     rng.shuffle(queues)
     chosen, used = [], 0
-    while any(queues):
+    while any(queues) and len(chosen) < max_groups:
         for queue in queues:
-            if queue:
+            if queue and len(chosen) < max_groups:
                 group = queue.pop()
                 if used + len(group.sequences) <= budget:
                     chosen.append(group)
                     used += len(group.sequences)
-    return list(own) + chosen, len(peers) - len(chosen)
+    return chosen, used
 
 
 def to_packet(own: list[ScoredGroup], header: PacketHeader, sampling: SamplingParams) -> RolloutPacket:

@@ -29,6 +29,12 @@ class PeerStats(BaseModel):
     adapter_version: str | None = None
     reward_mean: float | None = None  # its admitted samples of the last round, as re-scored here
     rejected: dict[str, int] = Field(default_factory=dict)
+    # Trust (node/trust.py): samples held against the peer by reason, its state and why,
+    # and the first round it is heard again when quarantined.
+    screened: dict[str, int] = Field(default_factory=dict)
+    trust: str = "probation"
+    trust_reason: str = ""
+    quarantined_until: int | None = None
     # Off-policy diagnostics of the last round this peer's samples were trained on.
     offpolicy: dict[str, Any] = Field(default_factory=dict)
 

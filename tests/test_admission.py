@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.admission import GRAFT_MIN_WEIGHT, Admission
 from node.models import tokenizer_fingerprint
+from node.screen import score_completions
 from node.tasks import get_task
 from node.train.logprobs import sequence_logprobs
 from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode
@@ -34,17 +35,23 @@ def local(tiny_model_dir):
             )
         return logp[0, : len(completion_ids)].numpy()
 
-    return tokenizer, local_logprobs
+    def local_view(prompt_ids, completions, temperature, top_k, top_p):
+        pad = tokenizer.pad_token_id or 0
+        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, pad_id=pad)
+        return score_completions(model, prompt_ids, completions, **kw)
+
+    return tokenizer, local_logprobs, local_view
 
 
 def make_admission(local, **kw) -> Admission:
-    tokenizer, local_logprobs = local
+    tokenizer, _, local_view = local
     return Admission(
         task=get_task("toy"),
         tokenizer=tokenizer,
         fingerprint=tokenizer_fingerprint(tokenizer),
         swarm_id="s",
-        local_logprobs=local_logprobs,
+        local_view=local_view,
+        max_positions=512,
         **kw,
     )
 
@@ -90,7 +97,7 @@ def packet(
 
 
 def test_same_tokenizer_groups_are_rescored_locally(local):
-    tokenizer, _ = local
+    tokenizer = local[0]
     got = make_admission(local).admit(PEER, packet(tokenizer), current_round=5)
     assert not got.rejected and len(got.groups) == 2 and got.samples == 8
     for g in got.groups:
@@ -107,20 +114,20 @@ def test_same_tokenizer_groups_are_rescored_locally(local):
     [
         (dict(swarm="other"), "wrong_swarm"),
         (dict(round_=1), "stale"),
-        (dict(sender="QmSomeoneElse"), "sender_mismatch"),
+        (dict(sender="QmSomeoneElse"), "impersonation"),
         (dict(task_ids=["toy/ood/3"]), "foreign_task"),
         (dict(task_ids=["toy/id/notanumber"]), "bad_task_id"),
         (dict(n=1, texts=["<answer>1</answer>"]), "group_too_small"),
     ],
 )
 def test_bad_packets_are_rejected_with_a_reason(local, kwargs, reason):
-    tokenizer, _ = local
+    tokenizer = local[0]
     got = make_admission(local).admit(PEER, packet(tokenizer, **kwargs), current_round=5)
     assert got.groups == [] and got.rejected[reason] >= 1 and got.details[reason]
 
 
 def test_malformed_bytes_are_counted_not_raised(local):
-    tokenizer, _ = local
+    tokenizer = local[0]
     admission = make_admission(local)
     good = packet(tokenizer)
     for data in (b"", b"garbage", good[:-7], b"XXXX" + good[4:]):
@@ -129,7 +136,7 @@ def test_malformed_bytes_are_counted_not_raised(local):
 
 
 def test_foreign_tokenizer_takes_the_graft_weight_or_is_dropped(local):
-    tokenizer, local_logprobs = local
+    tokenizer, local_logprobs, _ = local
     problem = get_task("toy").problem("toy/id/1")
     text = f"<answer>{problem.answer}</answer>"
     prompt_ids = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]

@@ -54,6 +54,17 @@ BAD_VALUES = {
     "max_peers_per_round": "0",
     "shards": "3",
     "max_packet_bytes": "0",
+    "screen_logprob_floor": "1",
+    "screen_top_k": "-1",
+    "screen_max_run": "0",
+    "screen_max_flagged": "2",
+    "claim_margin": "-1",
+    "judge_threshold": "1",
+    "probation_rounds": "-1",
+    "probation_share": "1.5",
+    "quarantine_fraction": "2",
+    "quarantine_after": "0",
+    "quarantine_rounds": "0",
     "api_port": "65536",
 }
 

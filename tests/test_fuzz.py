@@ -60,18 +60,10 @@ def test_quick_fuzz_decode_memory_is_bounded(quick: dict) -> None:
         assert h["decode_mib"] <= 32 and h["decode_s"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="admission does not yet check what a peer declares against this node's limits (issue 10, item 0)",
-)
 def test_quick_fuzz_admits_nothing_this_node_cannot_train_on(quick: dict) -> None:
     assert quick["admitted_unsafe"] == 0, quick["unsafe_rules"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="admission takes a NaN GRAFT weight: log_s <= log(0.8) is False for NaN (found by bench fuzz)",
-)
 def test_a_foreign_group_at_a_vanishing_temperature_is_not_admitted_with_a_nan_weight(target) -> None:
     rng = random.Random(7)
     kind = ""

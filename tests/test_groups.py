@@ -31,3 +31,41 @@ def test_share_zero_and_one():
     assert mix_groups(own, peers, 0.0, random.Random(0)) == (own, 2)
     batch, left_out = mix_groups(own, peers, 1.0, random.Random(0))
     assert len(batch) == 3 and left_out == 0
+
+
+def test_many_small_groups_buy_no_more_influence_than_a_few_big_ones():
+    """The loss averages over groups: a peer splitting its samples into groups of 2 gets as many turns, not more."""
+    own = [group(SELF, i, size=8) for i in range(8)]  # 64 own sequences: a peer budget of 64
+    peers = [group("small", 100 + i, size=2) for i in range(16)]
+    peers += [group(f"p{k}", 200 + 10 * k + i, size=8) for k in range(2) for i in range(4)]
+    for seed in range(5):
+        batch, _ = mix_groups(own, peers, 0.5, random.Random(seed))
+        groups = {}
+        for g in batch[8:]:
+            groups[g.source] = groups.get(g.source, 0) + 1
+        assert groups.get("small", 0) <= max(groups.get("p0", 0), groups.get("p1", 0)) + 1, groups
+        assert sum(len(g.sequences) for g in batch[8:]) <= 64
+
+
+def test_made_up_ids_on_probation_together_carry_only_their_capped_share_of_the_loss():
+    """5 made-up ids with many groups each vs 2 trusted peers: together they get probation_share of the groups."""
+    own = [group(SELF, i, size=8) for i in range(8)]  # 64 own sequences
+    honest = [group(f"honest{k}", 100 * k + i, size=8) for k in range(2) for i in range(2)]  # 4 groups
+    sybils = [group(f"sybil{k}", 1000 * (k + 1) + i, size=2) for k in range(5) for i in range(8)]
+    for seed in range(5):
+        batch, _ = mix_groups(
+            own, honest + sybils, 0.5, random.Random(seed), trusted={"honest0", "honest1"}, probation_share=0.1
+        )
+        assert sum(g.source.startswith("honest") for g in batch) == 4
+        assert sum(g.source.startswith("sybil") for g in batch) == 1  # 0.1 / 0.9 * (8 + 4) = 1.33 groups
+    # Without a trust list (the old behaviour) the same Sybils take 5/7 of the peer turns.
+    batch, _ = mix_groups(own, honest + sybils, 0.5, random.Random(0))
+    assert sum(g.source.startswith("sybil") for g in batch) >= 5 * 2
+
+
+def test_newcomers_fill_what_trusted_peers_leave_within_their_cap():
+    own = [group(SELF, i, size=8) for i in range(6)]
+    newcomers = [group("new", 10 + i, size=8) for i in range(3)]
+    batch, left_out = mix_groups(own, newcomers, 0.5, random.Random(0), trusted=set(), probation_share=0.25)
+    assert len(batch) == 8 and left_out == 1  # 0.25 / 0.75 * 6 = 2 groups: 2 of the 8 in the loss
+    assert mix_groups(own, newcomers, 0.5, random.Random(0), trusted=set(), probation_share=0.0)[1] == 3

@@ -71,6 +71,7 @@ def build_target(model: str = "tiny-s") -> FuzzTarget:
 
     from node.admission import Admission
     from node.models import load_model, tokenizer_fingerprint
+    from node.screen import score_completions
     from node.tasks import get_task
     from node.train.logprobs import sequence_logprobs
 
@@ -92,13 +93,24 @@ def build_target(model: str = "tiny-s") -> FuzzTarget:
     ) -> list[Any]:
         return cached(tuple(prompt_ids), tuple(map(tuple, completions)), temperature, top_k, top_p)
 
-    def local_logprobs(prompt_ids: list[int], completion_ids: list[int], temperature: float, top_k: int, top_p: float):
-        return group_logprobs(prompt_ids, [completion_ids], temperature, top_k, top_p)[0]
+    @functools.lru_cache(maxsize=20_000)
+    def cached_view(prompt: tuple[int, ...], completions: tuple[tuple[int, ...], ...], t: float, k: int, p: float):
+        return score_completions(net, list(prompt), completions, temperature=t, top_k=k, top_p=p, pad_id=pad_id)
+
+    def local_view(prompt_ids: list[int], completions: Any, temperature: float, top_k: int, top_p: float):
+        return cached_view(tuple(prompt_ids), tuple(map(tuple, completions)), temperature, top_k, top_p)
 
     task = get_task("toy")
     fingerprint = tokenizer_fingerprint(tokenizer)
+    # Built as the daemon builds its own: the default screen, this model's vocabulary and positions.
     admission = Admission(
-        task=task, tokenizer=tokenizer, fingerprint=fingerprint, swarm_id=SWARM, local_logprobs=local_logprobs
+        task=task,
+        tokenizer=tokenizer,
+        fingerprint=fingerprint,
+        swarm_id=SWARM,
+        local_view=local_view,
+        vocab_size=min(len(tokenizer), int(net.config.vocab_size)),
+        max_positions=int(net.config.max_position_embeddings),
     )
     ctx = FuzzContext(
         swarm_id=SWARM,

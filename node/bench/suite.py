@@ -36,7 +36,7 @@ __all__ = [
     "write_report",
 ]
 
-BENCH_NAMES = ("protocol", "train", "gather", "engines", "fuzz")
+BENCH_NAMES = ("protocol", "train", "gather", "engines", "fuzz", "attack")
 REGENERATE = "ftis-node bench all --out docs/benchmarks.md --json-out docs/benchmarks.json"
 
 
@@ -62,18 +62,22 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
         gather = {"peers": [2], "rounds": 1}
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
         fuzz = {"cases": 300, "seeds_n": 100, "repeats": 1, "slowest": 5, "model": "tiny-s"}
+        attack = {"model": "tiny-s", "rounds": 2, "last": 1, "prompts": 2, "group_size": 4}
+        attack |= {"heterogeneous_rounds": 0, "judge": None}
     else:
         protocol = {"repeats": 5}
         train = {"model": "tiny-m", "batch": 16, "group_size": 4, "completion_len": 64, "repeats": 5}
         gather = {"peers": [8, 16, 32], "rounds": 3, "simulate": 1000}
         engines = {"models": ["tiny-s", "tiny-m", "tiny-l"], "prompts": 16, "max_tokens": 32, "repeats": 5}
         fuzz = {"cases": 100_000, "model": "tiny-s"}
+        attack = {}  # the defaults of `ftis-node bench attack`
     return [
         BenchSpec("protocol", "node.bench.protocol", "run_protocol_bench", protocol),
         BenchSpec("train", "node.bench.train", "run_train_bench", train),
         BenchSpec("gather", "node.bench.gather", "run_gather_bench", gather),
         BenchSpec("engines", "node.bench.engines", "run_engine_bench", engines),
         BenchSpec("fuzz", "node.bench.fuzz", "run_fuzz", fuzz),
+        BenchSpec("attack", "node.bench.attack", "run_attack_bench", attack),
     ]
 
 
@@ -116,6 +120,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("fuzz", "admitted unsafe for this node (issue 10, item 0)", lambda r: r["admitted_unsafe"], "<=", 0, "cases"),
     Goal("fuzz", "worst hostile packet: time to reject", lambda r: r["worst_reject_s"] * 1e3, "<=", 50.0, "ms"),
     Goal("fuzz", "worst hostile packet: memory to reject", lambda r: r["worst_reject_mib"], "<=", 32.0, "MiB"),
+    Goal(
+        "attack",
+        "attack success, screen off (the attack works)",
+        lambda r: r["asr_screen_off"],
+        ">=",
+        0.5,
+        "of completions",
+    ),
+    Goal("attack", "attack success, screen on", lambda r: r["asr_screen_on"], "<=", 0.05, "of completions"),
+    Goal("attack", "honest samples kept by the screen", lambda r: r["honest_acceptance"], ">=", 0.95, "of samples"),
 )
 
 
@@ -340,6 +354,35 @@ def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _attack_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    s = r.get("settings", {})
+    rows = [
+        ("rounds per run (ASR over the last)", f"{_fmt(_get(r, 'rounds'))} ({_fmt(_get(r, 'last_rounds'))})"),
+        ("honest nodes", ", ".join(s.get("honest", [])) + f", LoRA lr {_fmt(s.get('lr'), 'g')}"),
+        ("phrase injected after correct answers", f"`{s.get('phrase')}`"),
+        (
+            "attacker's declared temperature / claimed log-prob",
+            f"{s.get('attacker_temperature')} / {s.get('attacker_claim')}",
+        ),
+        (
+            "attacker samples screened / used (screen on)",
+            f"{_fmt(_get(r, 'screen_on', 'attacker_screened'))} / {_fmt(_get(r, 'screen_on', 'attacker_used'))}",
+        ),
+        (
+            "attacker quarantined by every honest node at round",
+            _fmt(_get(r, "screen_on", "attacker_quarantined_by_all_at")),
+        ),
+        ("heterogeneous swarm: honest samples kept", _fmt(_get(r, "heterogeneous", "acceptance"), ".3f")),
+        ("judge: ms per completion", _fmt(_get(r, "judge", "ms_per_completion"), ".1f")),
+        (
+            "judge: poisoned / honest flagged",
+            f"{_fmt(_get(r, 'judge', 'flagged_poisoned'), '.2f')} / {_fmt(_get(r, 'judge', 'flagged_honest'), '.2f')}",
+        ),
+        ("time", f"{_fmt(_get(r, 'seconds'), '.0f')} s"),
+    ]
+    return rows
+
+
 def _gather_section(r: dict[str, Any], goals: list[dict[str, Any]]) -> list[str]:
     rows = []
     for n, s in (_get(r, "by_size") or {}).items():
@@ -521,6 +564,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "gather": "Gather latency",
         "engines": "Rollout engines",
         "fuzz": "Fuzzing decode and admission",
+        "attack": "Poisoning attack (HTTT)",
     }
     for name, r in benches.items():
         took = _get(result, "elapsed_s", name)
@@ -542,6 +586,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += _engines_section(r)
         elif name == "fuzz":
             lines += _fuzz_section(r, g)
+        elif name == "attack":
+            lines += _figures_table(_attack_rows(r), g)
         else:
             lines += ["```json", json.dumps(r, indent=2, default=_json_default), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -555,6 +601,7 @@ def format_suite(result: dict[str, Any]) -> str:
         "engines": ("node.bench.engines", "format_engine_bench"),
         "gather": ("node.bench.gather", "format_gather_bench"),
         "fuzz": ("node.bench.fuzz", "format_fuzz_bench"),
+        "attack": ("node.bench.attack", "format_attack_bench"),
     }
     parts = []
     for name, r in result["benchmarks"].items():

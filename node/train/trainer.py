@@ -133,6 +133,15 @@ class TrainBatch(BaseModel):
     sequences: list[TrainSequence] = Field(min_length=1)
 
 
+def _nonfinite_step(losses: list[torch.Tensor], grad_norm: float) -> str | None:
+    """Why a step must not be taken (a non-finite loss or gradient), or None."""
+    if not all(bool(torch.isfinite(x).all()) for x in losses):
+        return "non-finite loss"
+    if not math.isfinite(grad_norm):
+        return "non-finite gradient"
+    return None
+
+
 def _tensor_digest(named: list[tuple[str, torch.Tensor]]) -> str:
     h = hashlib.sha256()
     for name, t in sorted(named, key=lambda kv: kv[0]):
@@ -235,7 +244,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def step(self, batch: TrainBatch) -> dict[str, Any]:
-        """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds."""
+        """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds.
+
+        A step with a non-finite loss or gradient is not taken: it returns {"skipped": reason, ...}.
+        """
         self._check(batch)
         start = time.perf_counter()
         seqs = batch.sequences
@@ -246,6 +258,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logp_rows: list[torch.Tensor | None] = [None] * len(seqs)
+        losses: list[torch.Tensor] = []
         for idx in plan:
             sub = [seqs[i] for i in idx]
             logp, mask = self.micro_batch_logprobs(sub)
@@ -261,11 +274,18 @@ class Trainer:
                 with_metrics=False,  # computed once over the whole batch below
             )
             loss.backward()
+            losses.append(loss.detach())
             for row, i in enumerate(idx):
                 logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].detach().float().cpu()
 
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        # The guard: a step whose loss or gradient is not finite would write NaN into every
+        # trained weight at once. Skip it (weights and optimizer state untouched) and say why.
+        skipped = _nonfinite_step(losses, grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"skipped": skipped, "tokens": sum(len(s.completion_ids) for s in seqs), "step": self.steps}
         self.optimizer.step()
         self.steps += 1
 

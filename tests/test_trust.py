@@ -1,0 +1,62 @@
+"""Per-peer trust: probation for new ids, quarantine for peers whose samples keep being screened."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from node.trust import TrustBook, TrustConfig
+
+CFG = TrustConfig(
+    probation_rounds=3, clean_fraction=0.1, quarantine_fraction=0.25, quarantine_after=2, quarantine_rounds=5
+)
+
+
+def play(book: TrustBook, peer: str, r: int, offered: int, screened: int, reason: str = "implausible") -> None:
+    book.observe(peer, r, offered, Counter({reason: screened}) if screened else Counter())
+    book.end_round(r)
+
+
+def test_a_new_peer_is_trusted_after_clean_rounds_and_demoted_by_a_bad_one():
+    book = TrustBook(CFG)
+    for r in range(2):
+        play(book, "p", r, 100, 5)
+        assert book.get("p").state == "probation" and "p" not in book.trusted()
+    book.end_round(2)  # a round it sent nothing in changes nothing
+    play(book, "p", 3, 100, 10)  # exactly at clean_fraction: still clean
+    assert book.get("p").state == "trusted" and book.trusted() == {"p"}
+    play(book, "p", 4, 100, 30)
+    assert book.get("p").state == "probation" and "30%" in book.get("p").reason
+
+
+def test_a_peer_screened_above_the_threshold_twice_is_quarantined_for_a_while():
+    book = TrustBook(CFG)
+    play(book, "evil", 0, 100, 50)
+    assert book.get("evil").state == "probation" and book.quarantine_reason("evil", 1) is None
+    play(book, "evil", 1, 100, 50)
+    peer = book.get("evil")
+    assert peer.state == "quarantined" and peer.quarantined_until == 7
+    assert book.quarantined(2) == {"evil"} and "implausible" in book.quarantine_reason("evil", 2)
+    assert book.get("evil").screened == {"implausible": 100}
+    for r in range(2, 6):
+        book.end_round(r)
+        assert book.get("evil").state == "quarantined"
+    book.end_round(6)
+    assert book.get("evil").state == "probation" and book.quarantine_reason("evil", 7) is None
+    assert "evil" not in book.quarantined(7)
+
+
+def test_only_hostile_reasons_count_and_packet_level_lies_count_as_one():
+    book = TrustBook(CFG)
+    book.observe("p", 0, 10, Counter({"stale": 10, "foreign_task": 10}))
+    book.end_round(0)
+    assert book.get("p").bad_rounds == 0 and book.get("p").clean_rounds == 1
+    for r in (1, 2):
+        book.observe("q", r, 0, Counter({"impersonation": 1}))  # rejected from its header: one unit
+        book.end_round(r)
+    assert book.get("q").state == "quarantined"
+
+
+def test_no_probation_trusts_at_once():
+    book = TrustBook(TrustConfig(probation_rounds=0))
+    book.observe("p", 0, 10, Counter())
+    assert book.trusted() == {"p"}
