@@ -126,6 +126,10 @@ class Demo:
             self.loss,
             "--threads",
             "1",
+            # All of them are this demo's own nodes: no probation, so peers' samples count
+            # from round 0 (the screen stays on).
+            "--probation-rounds",
+            "0",
         ]
         if not self.keep_running:
             cmd += ["--rounds", str(self.rounds)]

@@ -337,6 +337,9 @@ def _node_config(
         port=0,
         gather_seconds=120.0 if transport == "dht" else 0.0,  # lockstep: the partner has already published
         expect_peers=1,
+        # The pair's nodes are this experiment's own, so the partner is trusted from round 0
+        # (a new peer's probation would hide it from small batches); the screen stays on.
+        probation_rounds=0,
         api_port=None,
     )
 
