@@ -29,9 +29,13 @@ from node.train import checkpoint as ckpt_io
 from node.train.ftis import LossConfig, ftis_loss, group_mean_scale, offpolicy_stats
 from node.train.logprobs import sequence_logprobs
 
-__all__ = ["TrainBatch", "TrainSequence", "Trainer", "TrainerConfig"]
+__all__ = ["MicroLoss", "TrainBatch", "TrainSequence", "Trainer", "TrainerConfig", "weights_version"]
 
 _DEFAULT_LR = {"full": 1e-6, "lora": 2e-4}
+
+#: `loss_fn(sequences, logp, mask, sequence_scale) -> loss` of one micro-batch: `logp` carries
+#: the gradient, `sequence_scale` is each row's share of the whole batch's normalisation.
+MicroLoss = Callable[[list["TrainSequence"], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TrainerConfig(BaseModel):
@@ -133,7 +137,57 @@ class TrainBatch(BaseModel):
     sequences: list[TrainSequence] = Field(min_length=1)
 
 
-def _tensor_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+# How many elements of each tensor the adapter version reads (all of a smaller tensor).
+VERSION_SAMPLES = 1024
+_GOLDEN = 0.6180339887498949
+
+
+def _sample_index(numel: int, device: torch.device) -> torch.Tensor:
+    """Fixed positions spread over a flat tensor of `numel` elements (the same in every process):
+    the golden-ratio sequence, which no stride or row length aliases with."""
+    key = (numel, str(device))
+    index = _INDEX_CACHE.get(key)
+    if index is None:
+        if numel <= VERSION_SAMPLES:
+            positions = np.arange(numel, dtype=np.int64)
+        else:
+            positions = np.floor((np.arange(VERSION_SAMPLES) * _GOLDEN) % 1.0 * numel).astype(np.int64)
+        index = _INDEX_CACHE[key] = torch.from_numpy(positions).to(device)
+    return index
+
+
+_INDEX_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def weights_version(named: list[tuple[str, torch.Tensor]], steps: int) -> str:
+    """A 16-hex id of the published weights that costs ~nothing per round, even for a 3B model.
+
+    It hashes the step count, every tensor's name, shape and dtype, and a fixed sample of
+    `VERSION_SAMPLES` values per tensor (all of a small one), gathered on the tensors'
+    device and moved to the CPU in one transfer: kilobytes, where hashing everything
+    moved and read the whole state every round (gigabytes for a full fine-tune). The
+    same weights after the same number of steps give the same id in any process, which
+    is what peers see in packet headers and what a resumed checkpoint is checked against;
+    an optimizer step changes it through the step count even where the sample would miss
+    the change. The checkpoint's per-file sha256 is the full-content check.
+    """
+    h = hashlib.sha256(f"steps:{steps}\n".encode())
+    picks: list[torch.Tensor] = []
+    for name, t in sorted(named, key=lambda kv: kv[0]):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
+        flat = t.detach().reshape(-1)
+        picks.append(flat[_sample_index(flat.numel(), flat.device)].to(torch.float64))  # exact for every float
+    if picks:
+        by_device: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for p in picks:
+            by_device[str(p.device)].append(p)
+        for device in sorted(by_device):
+            h.update(torch.cat(by_device[device]).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _full_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    """The version format-1 checkpoints recorded: every byte of every tensor (resume checks only)."""
     h = hashlib.sha256()
     for name, t in sorted(named, key=lambda kv: kv[0]):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
@@ -177,6 +231,8 @@ class Trainer:
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self.steps = 0
         self._version: tuple[int, str] | None = None
+        self._published: dict[str, torch.Tensor] | None = None
+        self.lora_config = cfg.lora_config() if cfg.mode == "lora" else None  # what the engine injects alike
 
     # ------------------------------------------------------------------ batching
     def micro_batch_logprobs(self, sub: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,42 +290,72 @@ class Trainer:
                 raise ValueError(f"sequence {i}: {length} tokens, the model has {self.max_positions} positions")
 
     # ------------------------------------------------------------------ the step
-    def step(self, batch: TrainBatch) -> dict[str, Any]:
-        """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds."""
+    def ftis_micro_loss(
+        self, sub: list[TrainSequence], logp: torch.Tensor, mask: torch.Tensor, sequence_scale: torch.Tensor
+    ) -> torch.Tensor:
+        """The F-TIS loss of one micro-batch (its share of the whole batch's loss); the default `MicroLoss`."""
+        device = logp.device
+        loss, _ = ftis_loss(
+            logp,
+            self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device),
+            torch.tensor([s.advantage for s in sub], device=device),
+            mask,
+            self.cfg.loss,
+            seq_weights=torch.tensor([s.seq_weight for s in sub], device=device),
+            sequence_scale=sequence_scale,
+            with_metrics=False,  # computed once over the whole batch after the step
+        )
+        return loss
+
+    def backward_micro_batch(
+        self, sub: list[TrainSequence], sequence_scale: torch.Tensor, loss_fn: MicroLoss
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward one micro-batch, score it with `loss_fn`, backward (gradients accumulate).
+
+        Returns the detached log-probs [rows, width] and the loss, detached.
+        """
+        logp, mask = self.micro_batch_logprobs(sub)
+        loss = loss_fn(sub, logp, mask, sequence_scale.to(logp.device))
+        loss.backward()
+        return logp.detach(), loss.detach()
+
+    def step(
+        self, batch: TrainBatch, *, loss_fn: MicroLoss | None = None, batch_metrics: bool = True
+    ) -> dict[str, Any]:
+        """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds.
+
+        `loss_fn` replaces the F-TIS loss of each micro-batch (the benchmark's plain GRPO
+        step uses it); `batch_metrics=False` skips the per-source off-policy metrics, and
+        "loss" is then the sum of the micro-batch losses.
+        """
         self._check(batch)
         start = time.perf_counter()
         seqs = batch.sequences
-        device = self.cfg.device
         scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
         plan = self.plan_micro_batches(seqs)
+        loss_fn = loss_fn or self.ftis_micro_loss
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logp_rows: list[torch.Tensor | None] = [None] * len(seqs)
+        losses: list[torch.Tensor] = []
         for idx in plan:
             sub = [seqs[i] for i in idx]
-            logp, mask = self.micro_batch_logprobs(sub)
-            logp_gen = self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device)
-            loss, _ = ftis_loss(
-                logp,
-                logp_gen,
-                torch.tensor([s.advantage for s in sub], device=device),
-                mask,
-                self.cfg.loss,
-                seq_weights=torch.tensor([s.seq_weight for s in sub], device=device),
-                sequence_scale=scale[idx].to(device),
-                with_metrics=False,  # computed once over the whole batch below
-            )
-            loss.backward()
-            for row, i in enumerate(idx):
-                logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].detach().float().cpu()
+            logp, loss = self.backward_micro_batch(sub, scale[idx], loss_fn)
+            losses.append(loss)
+            if batch_metrics:
+                for row, i in enumerate(idx):
+                    logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].float().cpu()
 
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         self.optimizer.step()
         self.steps += 1
 
-        metrics = self._batch_metrics(seqs, logp_rows, scale)
+        if batch_metrics:
+            metrics = self._batch_metrics(seqs, logp_rows, scale)
+        else:
+            metrics = {"loss": float(torch.stack(losses).sum())}
         metrics.update(
             grad_norm=grad_norm,
             tokens=sum(len(s.completion_ids) for s in seqs),
@@ -322,18 +408,26 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ weights out
-    def _published_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        if self.cfg.mode == "lora":
-            from peft import get_peft_model_state_dict
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """The weights a rollout engine needs, live (no copy), by their names in `self.model`:
+        the LoRA parameters (peft's adapter name "default" included), or the full state dict.
 
-            return list(get_peft_model_state_dict(self.model).items())
-        return list(self.model.state_dict().items())
+        Built once: the optimizer, `resume` and every load write into these same tensors.
+        (Not peft's `get_peft_model_state_dict`: it reads the model's config from disk on
+        every call, ~20 ms, which is most of a tiny model's round.)
+        """
+        if self._published is None:
+            if self.cfg.mode == "lora":
+                self._published = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+            else:
+                self._published = dict(self.model.state_dict())
+        return dict(self._published)
 
     @property
     def adapter_version(self) -> str:
-        """A content hash of the published weights (the LoRA tensors, or the full model)."""
+        """The published weights' id (`weights_version`), computed once per optimizer step."""
         if self._version is None or self._version[0] != self.steps:
-            self._version = (self.steps, _tensor_digest(self._published_tensors()))
+            self._version = (self.steps, weights_version(list(self.published_state().items()), self.steps))
         return self._version[1]
 
     def save_adapter(self, path: str | Path) -> Path:
@@ -343,8 +437,13 @@ class Trainer:
         full folder (weights, config and tokenizer) with `from_pretrained`.
         """
         path = Path(path)
-        self.model.save_pretrained(path)
-        if self.cfg.mode == "full":
+        if self.cfg.mode == "lora":
+            # "auto" would re-read the base model's config from disk to decide (~20 ms a save);
+            # the embeddings are saved only if the LoRA targets them, which ours never do by default.
+            embeddings = any("embed" in m or m == "lm_head" for m in self.cfg.target_modules)
+            self.model.save_pretrained(path, save_embedding_layers=embeddings)
+        else:
+            self.model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
         return path
 
@@ -387,7 +486,8 @@ class Trainer:
         self.steps = ckpt.meta.step
         self._version = None
         ckpt_io.restore_rng_state(torch.load(ckpt.rng_path, weights_only=True))
-        if self.adapter_version != ckpt.meta.adapter_version:
+        restored = self.adapter_version if ckpt.meta.format >= 2 else _full_digest(list(self.published_state().items()))
+        if restored != ckpt.meta.adapter_version:
             raise ckpt_io.CheckpointError(f"{ckpt.path}: restored weights do not hash to the recorded version")
 
     def _load_lora_weights(self, folder: Path) -> None:
