@@ -146,6 +146,7 @@ def _run_node(config, *, use_swarm: bool) -> None:
     from node.models import ModelLoadError
     from node.progress import RoundPrinter
     from node.swarm.errors import SwarmStartError
+    from node.train.checkpoint import NoUsableCheckpoint
 
     printer = RoundPrinter(config, solo=not use_swarm)
     node = Node(config, use_swarm=use_swarm, on_round=printer.round, on_ready=printer.ready)
@@ -156,7 +157,7 @@ def _run_node(config, *, use_swarm: bool) -> None:
     except SwarmStartError as err:
         node.close()
         _fail(str(err))
-    except (ValueError, FileNotFoundError, ModelLoadError) as err:  # bad model / task / checkpoint settings
+    except (ValueError, FileNotFoundError, ModelLoadError, NoUsableCheckpoint) as err:  # bad model / task / checkpoints
         node.close()
         _fail(str(err))
     results = node.run()
@@ -183,12 +184,12 @@ def join(
 @with_config_options(exclude=SWARM_ONLY)
 def train(config, resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint.")) -> None:
     """Train one node on its own samples, with no swarm (the solo loop)."""
-    from node.train.checkpoint import load_latest
+    from node.train.checkpoint import checkpoint_folders
 
     if config.rounds is None:
         _fail("pass --rounds N (how many rounds to train)")
     ckpt_dir = config.node_dir / "checkpoints"
-    if not resume and load_latest(ckpt_dir) is not None:
+    if not resume and checkpoint_folders(ckpt_dir):  # good or not: never train over them unasked
         _fail(f"checkpoints exist in {ckpt_dir}; pass --resume to continue, or a new --data-dir / --name")
     _run_node(config.model_copy(update={"api_port": None}), use_swarm=False)
 

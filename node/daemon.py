@@ -1,12 +1,18 @@
 """The node daemon: one round loop wiring engine, trainer, swarm, admission and API.
 
     generate own -> re-score -> publish -> gather -> admit -> F-TIS step
-                 -> checkpoint -> adapter reload into the engine -> next round
+                 -> new weights into the engine -> (every k rounds) checkpoint -> next round
 
 Rounds are time buckets of the DHT clock (`round_at`); there is no coordinator and
 no barrier: a node that finishes early waits for the next bucket, a node that is late
 publishes into the current one. Without a swarm (`ftis-node train`) the same loop
 runs on own samples only and does not wait for buckets.
+
+Weights reach the engine every round without touching the disk where the engine allows
+it (the hf engine copies the trainer's tensors in place; vLLM reads a weights-only
+folder). A durable checkpoint (weights, optimizer, RNG, hashes) is written every
+`checkpoint_every` rounds and at stop, so a crash loses at most that many rounds; a
+resume says how many it lost.
 
 Stopping: SIGINT/SIGTERM set a flag that the loop reads between phases, so a step in
 progress is finished or abandoned cleanly; a final checkpoint is written if anything
@@ -73,6 +79,7 @@ class Node:
         self.trainer = None
         self.round_done: int | None = None
         self._dirty = False  # trained since the last checkpoint
+        self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> Node:
@@ -144,15 +151,42 @@ class Node:
         return self
 
     def _resume(self) -> None:
+        """Continue from the newest checkpoint that verifies and restores; refuse to start over
+        checkpoints none of which does (`NoUsableCheckpoint`), rather than train from scratch."""
         from node.train.checkpoint import load_latest
 
-        ckpt = load_latest(self.ckpt_dir)
+        self.cfg.node_dir.mkdir(parents=True, exist_ok=True)  # status.json lands here before any checkpoint
+        ckpt = load_latest(self.ckpt_dir, restore=self.trainer.resume, strict=True)
         if ckpt is None:
             return
-        self.trainer.resume(ckpt)
-        self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
+        self._load_engine_weights()
         self.round_done = ckpt.round
-        logger.info("resumed from %s (round %d)", ckpt.path, ckpt.round)
+        played = self._last_round_played()
+        lost = (
+            f"{played - ckpt.round} round(s) played after it (up to round {played}) were lost"
+            if played is not None and played > ckpt.round
+            else "nothing played after it was lost"
+            if played is not None
+            else f"at most {self.cfg.checkpoint_every} round(s) played after it were lost"
+        )
+        logger.warning(
+            "resumed from checkpoint %s (round %d, step %d, adapter %s); %s (a checkpoint every %d rounds)",
+            ckpt.path.name,
+            ckpt.round,
+            ckpt.meta.step,
+            ckpt.meta.adapter_version,
+            lost,
+            self.cfg.checkpoint_every,
+        )
+        self.status.set(resumed_from={"round": ckpt.round, "step": ckpt.meta.step, "lost": lost})
+
+    def _last_round_played(self) -> int | None:
+        """The last round the previous run recorded in status.json (None if unknown)."""
+        try:
+            history = json.loads((self.cfg.node_dir / "status.json").read_text()).get("history") or []
+            return max(int(h["round"]) for h in history) if history else None
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
 
     def _start_swarm(self) -> None:
         from node.swarm import Swarm, SwarmConfig
@@ -259,8 +293,13 @@ class Node:
         self.status.set_phase("training", r)
         metrics = self.train(used)
         self._account_peer_use(used, metrics)
-        self.status.set_phase("checkpointing", r)
-        self.checkpoint(r)
+        self.status.set_phase("loading weights", r)
+        self._load_engine_weights()
+        self.round_done = r
+        self._rounds_unsaved += 1
+        if self._dirty and self._rounds_unsaved >= self.cfg.checkpoint_every:
+            self.status.set_phase("checkpointing", r)
+            self.checkpoint(r)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         result = RoundResult(
             round=r,
@@ -395,11 +434,26 @@ class Node:
                 self.status.peer_update(source, offpolicy=stats)
 
     def checkpoint(self, r: int) -> None:
-        """Atomic checkpoint, then hot-reload the new weights into the engine."""
-        ckpt = self.trainer.save_checkpoint(self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task})
-        self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
+        """A durable, atomic checkpoint of round `r`: weights, optimizer, RNG and hashes."""
+        self.trainer.save_checkpoint(self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task})
         self.round_done = r
         self._dirty = False
+        self._rounds_unsaved = 0
+
+    def _load_engine_weights(self) -> None:
+        """Give the engine the trainer's current weights: in memory where the engine can take
+        them, else through a weights-only folder rewritten each round (no optimizer, no hashes)."""
+        version = self.trainer.adapter_version
+        if self.engine.adapter_version == version:
+            return
+        if self.engine.loads_state:
+            self.engine.load_state(self.trainer.published_state(), version, lora_config=self.trainer.lora_config)
+            return
+        import shutil
+
+        folder = self.cfg.node_dir / "engine-weights"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.engine.load_adapter(self.trainer.save_adapter(folder), version)
 
     def _local_logprobs(self, prompt_ids, completion_ids, temperature, top_k, top_p) -> np.ndarray:
         import torch
