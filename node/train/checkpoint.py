@@ -375,7 +375,7 @@ def _reject(root: Path, path: Path, error: CheckpointError) -> None:
         target = root / f"{REJECTED_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
     os.replace(path, target)
     _forget(path)
-    log.warning("checkpoint %s does not verify (%s); set aside as %s", path.name, _reason(error), target.name)
+    log.warning("checkpoint %s does not verify (%s); set aside as %s", path.name, _reason(error, False), target.name)
 
 
 # --------------------------------------------------------------------------- load
@@ -514,8 +514,10 @@ def _forget(path: Path) -> None:
     _VERIFIED.pop(path.resolve(), None)
 
 
-def _reason(error: Exception) -> str:
-    """An error's message without its leading folder path (already named by the caller)."""
+def _reason(error: Exception, named: bool = True) -> str:
+    """An error's message with its leading folder path cut to the folder's name (`named`) or dropped."""
     text = str(error)
-    name, sep, rest = text.partition(": ")
-    return f"{Path(name).name}: {rest}" if sep and os.sep in name else text
+    path, sep, rest = text.partition(": ")
+    if not (sep and os.sep in path):
+        return text
+    return f"{Path(path).name}: {rest}" if named else rest
