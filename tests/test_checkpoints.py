@@ -24,7 +24,8 @@ from node.train.checkpoint import (
     load_latest,
     verify_checkpoint,
 )
-from node.train.trainer import Trainer, TrainerConfig, _full_digest, weights_version
+from node.train.trainer import Trainer, TrainerConfig
+from node.train.weights import full_digest, weights_version
 
 
 def _names(root: Path) -> list[str]:
@@ -59,7 +60,7 @@ def test_an_edited_meta_json_does_not_verify(trainer: Trainer, tmp_path: Path) -
 def test_format_1_checkpoints_still_resume(tiny_model_dir: Path, trainer: Trainer, tmp_path: Path) -> None:
     """A checkpoint of the previous format (no digest; the version a full-content hash) resumes."""
     ckpt = trainer.save_checkpoint(tmp_path, round=1)
-    _edit_meta(ckpt.path, format=1, digest=None, adapter_version=_full_digest(list(trainer.published_state().items())))
+    _edit_meta(ckpt.path, format=1, digest=None, adapter_version=full_digest(list(trainer.published_state().items())))
     other = Trainer(tiny_model_dir, TrainerConfig(lr=3e-3, seed=5))
     other.resume(load_checkpoint(ckpt.path))
     assert other.adapter_version == trainer.adapter_version

@@ -31,8 +31,8 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
-from node.train.checkpoint import copy_state_into, load_safetensors_into
 from node.train.logprobs import sampling_logprobs
+from node.train.weights import copy_state_into, load_safetensors_into
 
 __all__ = ["HFEngine"]
 

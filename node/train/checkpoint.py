@@ -38,7 +38,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +46,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from safetensors.torch import load_file
+
+from node.train.weights import copy_state_into, load_safetensors_into
 
 __all__ = [
     "Checkpoint",
@@ -164,51 +165,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# --------------------------------------------------------------------------- weights
-
-
-def load_safetensors_into(model: torch.nn.Module, folder: str | Path) -> None:
-    """Copy a model folder's safetensors into `model`'s existing tensors, in place (`copy_state_into`)."""
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    copy_state_into(model, state, source=str(folder))
-
-
-def copy_state_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str = "state") -> None:
-    """Copy `state` (name -> tensor, as `model.state_dict()` names them) into `model`'s tensors, in place.
-
-    Names and shapes are all checked before the first copy, so a bad state leaves the
-    model untouched. Tied weights (lm_head = embed_tokens) are written once: a file
-    stores them once, and a live state dict that lists both names is copied once.
-    """
-    current = model.state_dict()
-    unexpected = sorted(set(state) - set(current))
-    if unexpected:
-        raise ValueError(f"{source}: tensors the model does not have: {unexpected[:5]}")
-    for name, tensor in state.items():
-        if tensor.shape != current[name].shape:
-            raise ValueError(
-                f"{source}: {name} has shape {tuple(tensor.shape)}, the model {tuple(current[name].shape)}"
-            )
-    # named_parameters() lists a tied tensor once, so only truly absent weights show here.
-    missing = sorted({name for name, _ in model.named_parameters()} - set(state))
-    if missing:
-        raise ValueError(f"{source}: weights missing: {missing[:5]}")
-    written: set[int] = set()
-    with torch.no_grad():
-        for name, tensor in state.items():
-            target = current[name]
-            if target.data_ptr() in written:  # the second name of a tied weight
-                continue
-            target.copy_(tensor)
-            written.add(target.data_ptr())
 
 
 # --------------------------------------------------------------------------- files
@@ -404,9 +360,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         f = path / rel
         if not f.is_file():
             raise CheckpointError(f"{path}: missing {rel}")
-        if f.stat().st_size != record.size:
-            raise CheckpointError(f"{path}: {rel} is {f.stat().st_size} bytes, expected {record.size}")
-        if _sha256(f) != record.sha256:
+        try:
+            size, digest = f.stat().st_size, _sha256(f) if f.stat().st_size == record.size else ""
+        except OSError as e:  # unreadable is unusable: the caller falls back, nothing is deleted
+            raise CheckpointError(f"{path}: cannot read {rel}: {e}") from e
+        if size != record.size:
+            raise CheckpointError(f"{path}: {rel} is {size} bytes, expected {record.size}")
+        if digest != record.sha256:
             raise CheckpointError(f"{path}: {rel} does not match its sha256")
     return Checkpoint(path, meta)
 

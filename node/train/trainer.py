@@ -13,7 +13,6 @@ distribution family and their ratio is the importance weight F-TIS needs.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import defaultdict
@@ -28,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from node.train import checkpoint as ckpt_io
 from node.train.ftis import LossConfig, ftis_loss, group_mean_scale, offpolicy_stats
 from node.train.logprobs import sequence_logprobs
+from node.train.weights import full_digest, weights_version
 
-__all__ = ["MicroLoss", "TrainBatch", "TrainSequence", "Trainer", "TrainerConfig", "weights_version"]
+__all__ = ["MicroLoss", "TrainBatch", "TrainSequence", "Trainer", "TrainerConfig"]
 
 _DEFAULT_LR = {"full": 1e-6, "lora": 2e-4}
 
@@ -135,64 +135,6 @@ class TrainBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sequences: list[TrainSequence] = Field(min_length=1)
-
-
-# How many elements of each tensor the adapter version reads (all of a smaller tensor).
-VERSION_SAMPLES = 1024
-_GOLDEN = 0.6180339887498949
-
-
-def _sample_index(numel: int, device: torch.device) -> torch.Tensor:
-    """Fixed positions spread over a flat tensor of `numel` elements (the same in every process):
-    the golden-ratio sequence, which no stride or row length aliases with."""
-    key = (numel, str(device))
-    index = _INDEX_CACHE.get(key)
-    if index is None:
-        if numel <= VERSION_SAMPLES:
-            positions = np.arange(numel, dtype=np.int64)
-        else:
-            positions = np.floor((np.arange(VERSION_SAMPLES) * _GOLDEN) % 1.0 * numel).astype(np.int64)
-        index = _INDEX_CACHE[key] = torch.from_numpy(positions).to(device)
-    return index
-
-
-_INDEX_CACHE: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def weights_version(named: list[tuple[str, torch.Tensor]], steps: int) -> str:
-    """A 16-hex id of the published weights that costs ~nothing per round, even for a 3B model.
-
-    It hashes the step count, every tensor's name, shape and dtype, and a fixed sample of
-    `VERSION_SAMPLES` values per tensor (all of a small one), gathered on the tensors'
-    device and moved to the CPU in one transfer: kilobytes, where hashing everything
-    moved and read the whole state every round (gigabytes for a full fine-tune). The
-    same weights after the same number of steps give the same id in any process, which
-    is what peers see in packet headers and what a resumed checkpoint is checked against;
-    an optimizer step changes it through the step count even where the sample would miss
-    the change. The checkpoint's per-file sha256 is the full-content check.
-    """
-    h = hashlib.sha256(f"steps:{steps}\n".encode())
-    picks: list[torch.Tensor] = []
-    for name, t in sorted(named, key=lambda kv: kv[0]):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
-        flat = t.detach().reshape(-1)
-        picks.append(flat[_sample_index(flat.numel(), flat.device)].to(torch.float64))  # exact for every float
-    if picks:
-        by_device: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for p in picks:
-            by_device[str(p.device)].append(p)
-        for device in sorted(by_device):
-            h.update(torch.cat(by_device[device]).cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def _full_digest(named: list[tuple[str, torch.Tensor]]) -> str:
-    """The version format-1 checkpoints recorded: every byte of every tensor (resume checks only)."""
-    h = hashlib.sha256()
-    for name, t in sorted(named, key=lambda kv: kv[0]):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 class Trainer:
@@ -486,7 +428,7 @@ class Trainer:
         self.steps = ckpt.meta.step
         self._version = None
         ckpt_io.restore_rng_state(torch.load(ckpt.rng_path, weights_only=True))
-        restored = self.adapter_version if ckpt.meta.format >= 2 else _full_digest(list(self.published_state().items()))
+        restored = self.adapter_version if ckpt.meta.format >= 2 else full_digest(list(self.published_state().items()))
         if restored != ckpt.meta.adapter_version:
             raise ckpt_io.CheckpointError(f"{ckpt.path}: restored weights do not hash to the recorded version")
 
