@@ -135,6 +135,7 @@ def test_run_train_bench_reports_every_figure(tiny_model_dir):
         assert r["round_overhead_s"][mode] == o["round_overhead_s"] > 0
         assert r["round_overhead_vs_step"][mode] == pytest.approx(o["round_overhead_s"] / o["step_s"])
         assert len(o["raw_overhead_s"]) == 2
+        assert o["cpu"]["step_s"] > 0 and o["cpu"]["overhead_vs_step"] > 0
     for raw in ("raw_s", "raw_cpu_s"):
         for name, values in r[raw].items():
             assert len(values) == 2 and all(v > 0 for v in values), (raw, name)

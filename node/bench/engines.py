@@ -33,6 +33,8 @@ others are reported as ``"not installed"`` or ``"no engine"``, never estimated.
    (``VLLM_CPU_OMP_THREADS_BIND``, none reserved) unless those variables are set.
    ``vllm_bare_tokens_per_s`` is ``vllm.LLM.generate`` itself on the same LLM, ids and
    SamplingParams, interleaved with the other two: ``vllm_wrapper_cost`` = bare / engine - 1.
+   ``cpu`` gives the same per CPU second of the processes doing the work (this one for
+   HF; this one and vLLM's engine processes for vLLM), which other load barely moves.
 """
 
 from __future__ import annotations
@@ -352,30 +354,58 @@ def _side_by_side(
 
             calls["vllm_bare"] = bare
         speeds: dict[str, list[float]] = {k: [] for k in calls}
+        cpu_speeds: dict[str, list[float]] = {k: [] for k in calls}
         for call in calls.values():
             call(sampling)  # warm-up
         keys = list(calls)
         for r in range(max(repeats, 3)):
             seeded = sampling.model_copy(update={"seed": (sampling.seed or 0) + r})
             for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+                # CPU seconds of the processes that do the work (vLLM's engine core and worker
+                # are child processes): the load-robust cross-check on a shared machine.
+                before = _cpu_seconds(children=key != "hf")
                 tokens, wall = _timed(lambda: calls[key](seeded))
+                cpu = _cpu_seconds(children=key != "hf") - before
                 speeds[key].append(tokens / wall)
+                cpu_speeds[key].append(tokens / cpu if cpu > 0 else float("nan"))
     finally:
         for engine in engines.values():
             engine.close()
     med = {k: statistics.median(v) for k, v in speeds.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu_speeds.items()}
     out = {
         "hf_tokens_per_s": med["hf"],
         f"{name}_tokens_per_s": med[name],
         "ratio": med[name] / med["hf"],
         "ratio_per_pair_median": statistics.median(o / h for o, h in zip(speeds[name], speeds["hf"])),
         "tokens_per_call": len(prompts) * n * sampling.max_tokens,
+        "cpu": {
+            "hf_tokens_per_cpu_s": med_cpu["hf"],
+            f"{name}_tokens_per_cpu_s": med_cpu[name],
+            "ratio": med_cpu[name] / med_cpu["hf"],
+        },
         "raw_tokens_per_s": speeds,
+        "raw_tokens_per_cpu_s": cpu_speeds,
     }
     if "vllm_bare" in med:
         out["vllm_bare_tokens_per_s"] = med["vllm_bare"]
         out["vllm_wrapper_cost"] = med["vllm_bare"] / med[name] - 1
     return out
+
+
+def _cpu_seconds(children: bool) -> float:
+    """User + system CPU seconds of this process (and, with `children`, of every live child)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    if children:
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:  # exited in between
+                pass
+    return total
 
 
 def _bind_vllm_cpu(threads: int) -> dict[str, str]:
@@ -422,7 +452,8 @@ def format_engine_bench(result: dict[str, Any]) -> str:
         lines.append(
             f"  vLLM / HF on {model}, side by side: {c['vllm_tokens_per_s']:.0f} / {c['hf_tokens_per_s']:.0f} "
             f"tok/s = {c['ratio']:.2f}x (goal >= 2.0); bare vllm.LLM.generate {c['vllm_bare_tokens_per_s']:.0f} "
-            f"tok/s (the engine's own cost {c['vllm_wrapper_cost']:+.1%})"
+            f"tok/s (the engine's own cost {c['vllm_wrapper_cost']:+.1%}); per CPU second "
+            f"{c['cpu']['ratio']:.2f}x"
         )
     lines += [
         "",

@@ -38,26 +38,26 @@ __all__ = ["run_round_overhead"]
 
 
 class _Timer:
-    """Wraps one bound method of one object; sums the seconds spent in it since `take()`."""
+    """Wraps one bound method of one object; sums the wall and CPU seconds spent in it since `take()`."""
 
     def __init__(self, owner: Any, name: str) -> None:
-        self.seconds = 0.0
-        self.calls = 0
+        self.seconds = self.cpu_seconds = 0.0
         inner = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 return inner(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
-                self.calls += 1
+                self.cpu_seconds += time.process_time() - cpu
 
         setattr(owner, name, timed)
 
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
+    def take(self) -> tuple[float, float]:
+        out = (self.seconds, self.cpu_seconds)
+        self.seconds = self.cpu_seconds = 0.0
+        return out
 
 
 def run_round_overhead(
@@ -121,13 +121,19 @@ def run_round_overhead(
             per_round: list[dict[str, float]] = []
             for r in range(rounds + 1):
                 say(f"{mode}: round {r}/{rounds}" + (" (warm-up)" if r == 0 else ""))
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 node.finish_round(r, node.begin_round(r))
-                wall = time.perf_counter() - start
-                parts = {name: t.take() for name, t in timers.items()}
+                wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                taken = {name: t.take() for name, t in timers.items()}
+                parts = {name: w for name, (w, _) in taken.items()}
                 parts["wall"] = wall
                 parts["overhead"] = wall - parts["generate"] - parts["gather"] - parts["step"]
                 parts["other"] = parts["overhead"] - sum(parts[k] for k in ("engine_load", "status_file", "packet"))
+                # The same in CPU seconds of this process: what other load on the machine barely
+                # moves (but a checkpoint's wait for the disk is not in it).
+                parts["step_cpu"] = taken["step"][1]
+                parts["checkpoint_cpu"] = taken["checkpoint"][1]
+                parts["overhead_cpu"] = cpu - sum(taken[k][1] for k in ("generate", "gather", "step"))
                 if r > 0:
                     per_round.append(parts)
             n_params = sum(p.numel() for p in node.trainer.model.parameters())
@@ -145,6 +151,9 @@ def run_round_overhead(
     per_round_s = med("overhead", plain)
     overhead = per_round_s + checkpoint_s / checkpoint_every
     step = med("step")
+    written_cpu = [p["checkpoint_cpu"] for p in per_round if p["checkpoint"] > 0]
+    checkpoint_cpu = statistics.median(written_cpu) if written_cpu else 0.0
+    overhead_cpu = med("overhead_cpu", plain) + checkpoint_cpu / checkpoint_every
     return {
         "mode": mode,
         "model": str(model),
@@ -159,6 +168,12 @@ def run_round_overhead(
         "round_overhead_s": overhead,
         "step_s": step,
         "overhead_vs_step": overhead / step,
+        "cpu": {
+            "round_overhead_s": overhead_cpu,
+            "step_s": med("step_cpu"),
+            "overhead_vs_step": overhead_cpu / med("step_cpu"),
+            "checkpoint_s": checkpoint_cpu,
+        },
         "per_round_overhead_s": per_round_s,
         "checkpoint_s": checkpoint_s,
         "checkpoint_per_round_s": checkpoint_s / checkpoint_every,

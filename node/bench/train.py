@@ -645,7 +645,8 @@ def format_train_bench(result: dict[str, Any]) -> str:
     for mode, o in r.get("round_overhead", {}).items():
         lines.append(
             f"  round overhead, {mode:<4}          {o['round_overhead_s'] * 1e3:.1f} ms = "
-            f"{o['overhead_vs_step']:.1%} of the step ({o['step_s'] * 1e3:.0f} ms; goal <= 10%): engine load "
+            f"{o['overhead_vs_step']:.1%} of the step ({o['step_s'] * 1e3:.0f} ms; goal <= 10%; CPU time "
+            f"{o['cpu']['overhead_vs_step']:.1%}): engine load "
             f"{o['engine_load_s'] * 1e3:.1f} ms, checkpoint {o['checkpoint_s'] * 1e3:.0f} ms every "
             f"{o['checkpoint_every']} rounds, status file {o['status_file_s'] * 1e3:.1f} ms, "
             f"packet {o['packet_encode_s'] * 1e3:.1f} ms, rest {o['other_overhead_s'] * 1e3:.1f} ms"
