@@ -120,6 +120,10 @@ def engine():
             proc.kill()
             proc.wait()
         logfile.close()
+        # dockerd leaves its bind mount of the host's network namespace behind.
+        netns = "/run/docker/netns/default"
+        if any(line.split()[1] == netns for line in Path("/proc/mounts").read_text().splitlines()):
+            subprocess.run(["umount", netns], check=False)
         log("dockerd stopped")
 
 
