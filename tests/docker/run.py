@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -227,8 +228,6 @@ def build_image() -> None:
 
 # ---------------------------------------------------------------------- 5-7: the demo
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
