@@ -146,7 +146,9 @@ class Checkpoint:
 
 def rng_state() -> dict[str, Any]:
     """The python, numpy and torch RNG states, in types `torch.load(weights_only=True)` accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # legacy=True: the (kind, keys, pos, has_gauss, gauss) tuple
+    kind, keys, pos, has_gauss, gauss = legacy
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (kind, keys.tolist(), pos, has_gauss, gauss),
@@ -227,7 +229,7 @@ def save_checkpoint(
     root: str | Path,
     round: int,
     *,
-    write_weights: Callable[[Path], None],
+    write_weights: Callable[[Path], object],
     optimizer_state: dict[str, Any],
     step: int,
     mode: Literal["lora", "full"],

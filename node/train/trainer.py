@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,13 +66,13 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"AdamW betas must be in [0, 1), got {v}")
         return v
 
-    def lora_config(self):
+    def lora_config(self) -> Any:
         """The peft LoraConfig these settings describe (also used to configure TRL alike)."""
         from peft import LoraConfig
 
         return LoraConfig(
             r=self.lora_rank,
-            lora_alpha=self.lora_alpha,
+            lora_alpha=self.lora_alpha,  # type: ignore[arg-type]  # annotated int, used as alpha / r
             lora_dropout=self.lora_dropout,
             target_modules=list(self.target_modules),
             task_type="CAUSAL_LM",
@@ -326,9 +326,10 @@ class Trainer:
         return metrics
 
     @staticmethod
-    def _pad(rows: list[np.ndarray] | list[torch.Tensor], width: int) -> torch.Tensor:
+    def _pad(rows: Sequence[np.ndarray | torch.Tensor | None], width: int) -> torch.Tensor:
         out = torch.zeros((len(rows), width), dtype=torch.float32)
         for i, r in enumerate(rows):
+            assert r is not None
             out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
@@ -342,7 +343,7 @@ class Trainer:
         """
         assert all(r is not None for r in logp_rows), "every sequence is scored in some micro-batch"
         width = max(len(s.completion_ids) for s in seqs)
-        logp = self._pad(logp_rows, width)  # type: ignore[arg-type]
+        logp = self._pad(logp_rows, width)
         gen = self._pad([s.logp_gen for s in seqs], width)
         mask = self._pad([np.ones(len(s.completion_ids), dtype=np.float32) for s in seqs], width)
         adv = torch.tensor([s.advantage for s in seqs])
@@ -363,8 +364,7 @@ class Trainer:
                 _, subset = ftis_loss(logp[sel], gen[sel], adv[sel], mask[sel], self.cfg.loss)
                 stats["frac_filtered"] = subset["frac_filtered"]
                 by_source[source] = stats
-        metrics["by_source"] = by_source
-        return metrics
+        return {**metrics, "by_source": by_source}
 
     # ------------------------------------------------------------------ weights out
     def published_state(self) -> dict[str, torch.Tensor]:
@@ -400,10 +400,10 @@ class Trainer:
             # "auto" would re-read the base model's config from disk to decide (~20 ms a save);
             # the embeddings are saved only if the LoRA targets them, which ours never do by default.
             embeddings = any("embed" in m or m == "lm_head" for m in self.cfg.target_modules)
-            self.model.save_pretrained(path, save_embedding_layers=embeddings)
+            self.model.save_pretrained(str(path), save_embedding_layers=embeddings)
         else:
-            self.model.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
+            self.model.save_pretrained(str(path))
+            self.tokenizer.save_pretrained(str(path))
         return path
 
     # ------------------------------------------------------------------ checkpoints
@@ -462,5 +462,6 @@ class Trainer:
             raise ValueError(f"{folder}: adapter has {got}, this trainer is configured for {want}")
         state = load_file(str(folder / "adapter_model.safetensors"), device=str(self.cfg.device))
         result = set_peft_model_state_dict(self.model, state)
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"{folder}: unexpected adapter tensors {result.unexpected_keys[:5]}")
+        unexpected = list(getattr(result, "unexpected_keys", None) or [])
+        if unexpected:
+            raise ValueError(f"{folder}: unexpected adapter tensors {unexpected[:5]}")
