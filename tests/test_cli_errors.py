@@ -65,6 +65,7 @@ BAD_VALUES = {
     "quarantine_fraction": "2",
     "quarantine_after": "0",
     "quarantine_rounds": "0",
+    "checkpoint_every": "0",
     "api_port": "65536",
 }
 

@@ -119,3 +119,22 @@ def test_bad_flags_say_what_to_type(tmp_path):
     assert result.exit_code == 2 and "unknown model" in result.output
     result = runner.invoke(app, ["train", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "--rounds" in result.output
+
+
+def test_engine_gets_every_rounds_weights_and_checkpoints_follow_the_cadence(tmp_path):
+    """Weights reach the engine every round in memory; a durable checkpoint only every k rounds."""
+    seen = []
+    cfg = solo_config(tmp_path, rounds=7, checkpoint_every=3, prompts_per_round=2, group_size=4, max_tokens=8)
+    node = Node(
+        cfg,
+        use_swarm=False,
+        on_round=lambda r: seen.append((node.trainer.adapter_version, node.engine.adapter_version)),
+    )
+    results = node.setup().run()
+    assert len(results) == 7 and len({t for t, _ in seen}) == 7
+    assert all(t == e for t, e in seen), "the engine lagged behind the trainer"
+    assert all(r.metrics["mean_abs_delta"] < 1e-4 for r in results)  # and it samples with them
+    ckpts = tmp_path / "solo" / "checkpoints"
+    # After rounds 2 and 5 (every 3), and at stop after round 6; keep 3.
+    assert sorted(p.name for p in ckpts.glob("round-*")) == ["round-00000002", "round-00000005", "round-00000006"]
+    assert not (tmp_path / "solo" / "engine-weights").exists()  # the hf engine took them from memory

@@ -322,3 +322,97 @@ def test_load_rejects_bad_folders(engine: HFEngine, tmp_path: Path) -> None:
         engine.load_adapter(tmp_path, "x")
     assert torch.equal(engine.base_model.get_input_embeddings().weight, before)
     assert engine.adapter_version == "base"
+
+
+# --------------------------------------------------------------------------- weights from memory
+
+
+def _trained(tiny_model_dir: Path, mode: str):
+    """A real Trainer whose published weights differ from the base (perturbed, one step counted)."""
+    from node.train.trainer import Trainer, TrainerConfig
+
+    trainer = Trainer(tiny_model_dir, TrainerConfig(mode=mode, seed=3))
+    with torch.no_grad():
+        for p in trainer.params:
+            p.add_(torch.randn_like(p) * 0.05)
+    trainer.steps += 1
+    return trainer
+
+
+def _matches_trainer(engine: HFEngine, trainer) -> None:
+    """The engine samples from the trainer's policy: its recorded log-probs are the trainer's."""
+    out = flat(engine.generate(PROMPTS, n=2, sampling=Sampling(max_tokens=12, seed=4)))
+    trainer.model.eval()
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(
+            trainer.model, [s.prompt_token_ids for s in out], [s.token_ids for s in out], pad_id=trainer.pad_id
+        )
+    for i, s in enumerate(out):
+        np.testing.assert_allclose(logp[i, : len(s.token_ids)].numpy(), s.logprobs, atol=1e-4)
+
+
+def test_load_state_takes_the_trainers_lora_in_place(engine: HFEngine, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = _trained(tiny_model_dir, "lora")
+    base_weight = engine.base_model.model.layers[0].self_attn.q_proj.weight
+    engine.load_state(trainer.published_state(), trainer.adapter_version, lora_config=trainer.lora_config)
+    assert engine.adapter_version == trainer.adapter_version
+    _matches_trainer(engine, trainer)
+    held = dict(engine._lora_params)
+    with torch.no_grad():  # the next "step"
+        for p in trainer.params:
+            p.mul_(1.5)
+    trainer.steps += 1
+    engine.load_state(trainer.published_state(), trainer.adapter_version, lora_config=trainer.lora_config)
+    _matches_trainer(engine, trainer)
+    assert all(engine._lora_params[n] is t for n, t in held.items())  # copied into the same tensors
+    assert all(t is not dict(trainer.published_state())[n] for n, t in held.items())  # ... its own
+    assert engine.base_model.model.layers[0].self_attn.q_proj.base_layer.weight is base_weight
+    # A folder adapter in between, then memory again: each replaces the other.
+    engine.load_adapter(trainer.save_adapter(tmp_path / "adapter"), "folder")
+    _matches_trainer(engine, trainer)
+    engine.load_state(trainer.published_state(), "again", lora_config=trainer.lora_config)
+    _matches_trainer(engine, trainer)
+    assert len(engine._peft.peft_config) == 1
+
+
+def test_load_state_takes_full_weights_in_place(engine: HFEngine, tiny_model_dir: Path) -> None:
+    trainer = _trained(tiny_model_dir, "full")
+    weight = engine.base_model.model.layers[1].mlp.up_proj.weight
+    engine.load_state(trainer.published_state(), trainer.adapter_version)
+    assert engine.adapter_version == trainer.adapter_version and engine._peft is None
+    assert engine.base_model.model.layers[1].mlp.up_proj.weight is weight
+    _matches_trainer(engine, trainer)
+
+
+def test_load_state_refuses_a_state_that_does_not_fit(engine: HFEngine, tiny_model_dir: Path) -> None:
+    trainer = _trained(tiny_model_dir, "lora")
+    engine.load_state(trainer.published_state(), "v1", lora_config=trainer.lora_config)
+    before = {n: t.clone() for n, t in engine._lora_params.items()}
+    state = trainer.published_state()
+    name = next(iter(state))
+    with pytest.raises(ValueError, match="has shape"):
+        engine.load_state(state | {name: torch.zeros(3)}, "v2", lora_config=trainer.lora_config)
+    with pytest.raises(ValueError, match="does not fit the adapter"):
+        engine.load_state({k: v for k, v in state.items() if k != name}, "v2", lora_config=trainer.lora_config)
+    assert engine.adapter_version == "v1"
+    assert all(torch.equal(before[n], t) for n, t in engine._lora_params.items())  # untouched
+    full = _trained(tiny_model_dir, "full").published_state()
+    with pytest.raises(ValueError, match="tensors the model does not have"):
+        engine.load_state(full | {"extra.weight": torch.zeros(1)}, "v3")
+
+
+def test_ignore_eos_runs_every_completion_to_max_tokens() -> None:
+    engine = make_engine("hf", "tiny-s")  # warm-started: it closes its answers, then EOS
+    eos = set(engine._eos)
+    length = 24
+    stopping = flat(engine.generate(PROMPTS, n=4, sampling=Sampling(max_tokens=length, seed=0)))
+    assert any(s.finish_reason == "stop" for s in stopping)
+    out = flat(engine.generate(PROMPTS, n=4, sampling=Sampling(max_tokens=length, seed=0, ignore_eos=True)))
+    assert all(len(s.token_ids) == length and s.finish_reason == "length" for s in out)
+    assert any(t in eos for s in out for t in s.token_ids)  # EOS drawn, and it ended nothing
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(
+            engine.base_model, [s.prompt_token_ids for s in out], [s.token_ids for s in out], pad_id=engine._pad
+        )
+    for i, s in enumerate(out):
+        np.testing.assert_allclose(logp[i].numpy(), s.logprobs, atol=1e-4)  # the unmasked distribution

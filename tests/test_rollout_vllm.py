@@ -293,6 +293,15 @@ def test_eos_cut_and_finish_reasons(on_base, base_model, tmp_path: Path) -> None
             assert len(s.token_ids) == 10 and not set(s.token_ids) & set(EOS_IDS)
         assert len(s.logprobs) == len(s.token_ids)
         assert s.text == engine.tokenizer.decode(s.token_ids, skip_special_tokens=True)
+    # ignore_eos (benchmarks): every completion runs to max_tokens, EOS drawn and kept.
+    fixed = Sampling(max_tokens=10, seed=3, ignore_eos=True)
+    out = flat(engine.generate(PROMPTS, n=16, sampling=fixed))
+    assert all(len(s.token_ids) == 10 and s.finish_reason == "length" for s in out)
+    assert any(set(s.token_ids) & set(EOS_IDS) for s in out)
+    with torch.no_grad():  # the same distribution: nothing was masked to get there
+        emb[list(EOS_IDS)] *= 25.0
+        assert _max_diff(out, _recompute(base_model, out, fixed, engine.tokenizer.pad_token_id)) < TOL
+        emb.copy_(saved)
 
 
 @needs_vllm

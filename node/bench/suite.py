@@ -58,7 +58,14 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
     """The four benchmarks at full size, or (quick) at the smallest sizes that exercise them."""
     if quick:
         protocol = {"repeats": 1}
-        train = {"model": "tiny-s", "batch": 4, "group_size": 2, "completion_len": 8, "repeats": 1}
+        train = {
+            "model": "tiny-s",
+            "batch": 4,
+            "group_size": 2,
+            "completion_len": 8,
+            "repeats": 1,
+            "overhead_rounds": 2,
+        }
         gather = {"peers": [2], "rounds": 1}
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
         fuzz = {"cases": 300, "seeds_n": 100, "repeats": 1, "slowest": 5, "model": "tiny-s"}
@@ -130,6 +137,16 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal("attack", "attack success, screen on", lambda r: r["asr_screen_on"], "<=", 0.05, "of completions"),
     Goal("attack", "honest samples kept by the screen", lambda r: r["honest_acceptance"], ">=", 0.95, "of samples"),
+    Goal("train", "round overhead / step time, LoRA", lambda r: r["round_overhead_vs_step"]["lora"], "<=", 0.10, ""),
+    Goal("train", "round overhead / step time, full", lambda r: r["round_overhead_vs_step"]["full"], "<=", 0.10, ""),
+    Goal(
+        "engines",
+        "vLLM / HF tokens/s, fixed length",
+        lambda r: min(c["ratio"] for c in r["comparison"].values()) if r["comparison"] else r["no vLLM"],
+        ">=",
+        2.0,
+        "x",
+    ),
 )
 
 
@@ -351,6 +368,14 @@ def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("F-TIS overhead vs plain GRPO, CPU time", _fmt(_get(r, "cpu_s", "loss_overhead_vs_grpo"), "+.1%")),
         ("F-TIS / TRL, CPU time", f"{_fmt(_get(r, 'cpu_s', 'ratio_vs_trl'), '.2f')}x"),
         ("loss alone, ftis_loss vs grpo_loss (fwd+bwd)", _fmt(_get(r, "loss_only", "overhead_vs_grpo"), "+.0%")),
+        *[
+            (
+                f"round overhead, {mode} (step {_fmt(o['step_s'] * 1e3, '.0f')} ms)",
+                f"{_fmt(o['round_overhead_s'] * 1e3, '.1f')} ms: checkpoint {_fmt(o['checkpoint_s'] * 1e3, '.0f')} ms "
+                f"every {o['checkpoint_every']} rounds, engine load {_fmt(o['engine_load_s'] * 1e3, '.1f')} ms",
+            )
+            for mode, o in (_get(r, "round_overhead") or {}).items()
+        ],
     ]
 
 
@@ -412,15 +437,15 @@ def _gather_section(r: dict[str, Any], goals: list[dict[str, Any]]) -> list[str]
 def _engines_section(r: dict[str, Any]) -> list[str]:
     s = r.get("settings", {})
     lines = [
-        f"{_fmt(s.get('prompts'))} prompts x n={_fmt(s.get('n'))}, at most {_fmt(s.get('max_tokens'))} new "
-        f"tokens, temperature {_fmt(s.get('temperature'), 'g')}, {_fmt(s.get('torch_threads'))} torch "
+        f"{_fmt(s.get('prompts'))} prompts x n={_fmt(s.get('n'))}, exactly {_fmt(s.get('max_tokens'))} new "
+        f"tokens (EOS ignored), temperature {_fmt(s.get('temperature'), 'g')}, {_fmt(s.get('torch_threads'))} torch "
         f"threads, LoRA r{_fmt(s.get('lora_rank'))}.",
         "",
     ]
     rows = []
     others = []
     for engine, per_model in r.items():
-        if engine in ("settings", "cpu_count"):
+        if engine in ("settings", "cpu_count", "comparison") or not isinstance(per_model, (dict, str)):
             continue
         if isinstance(per_model, str):
             others.append(f"- `{engine}`: {per_model}")
@@ -458,12 +483,17 @@ def _engines_section(r: dict[str, Any]) -> list[str]:
     )
     lines += _table(header, rows)
     lines += others + ([""] if others else [])
+    for model, c in (r.get("comparison") or {}).items():
+        lines.append(
+            f"- vLLM / HF on {model}, loaded together, calls interleaved: {_fmt(c.get('vllm_tokens_per_s'), '.0f')} / "
+            f"{_fmt(c.get('hf_tokens_per_s'), '.0f')} tokens/s = {_fmt(c.get('ratio'), '.2f')}x; bare "
+            f"`vllm.LLM.generate` {_fmt(c.get('vllm_bare_tokens_per_s'), '.0f')} tokens/s"
+        )
     lines += [
-        "Tokens/s counts the completion tokens the engine returned; a completion that stops on EOS "
-        "counts only its own, so read it together with the mean length. Δ logp: the log-prob the engine "
-        "recorded minus the trainer's recompute (`sequence_logprobs`, an independently loaded copy of the "
-        "model). Adapter shift: the mean log-prob change the adapter causes; it must be far above Δ logp, "
-        "or the engine ignored the adapter.",
+        "Tokens/s: completion tokens per second, every completion the same fixed length. Δ logp: the "
+        "log-prob the engine recorded minus the trainer's recompute (`sequence_logprobs`, an independently "
+        "loaded copy of the model). Adapter shift: the mean log-prob change the adapter causes; it must be "
+        "far above Δ logp, or the engine ignored the adapter.",
         "",
     ]
     return lines

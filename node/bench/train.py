@@ -20,12 +20,12 @@ What one run of each kind is, exactly:
   trainer reports after the step (a no-grad pass over the detached log-probs).
 - ``nois``: the same ``Trainer`` instance and call, with only the loss switched to
   ``LossConfig(variant="nois")`` (no IS weight, no filter).
-- ``grpo``: a plain GRPO step written here on the SAME trainer's model, optimizer, pad
-  id and micro-batch plan: ``sequence_logprobs``, ``grpo_loss`` (PPO clip, beta = 0,
-  the same normalisation), backward, clip, AdamW step; no off-policy metrics. The
-  Trainer cannot switch to ``grpo_loss`` itself, so this is the leanest step our
-  components allow; ``loss_overhead_vs_grpo`` = ftis / grpo - 1 therefore charges
-  F-TIS with both its loss and the trainer's metrics.
+- ``grpo``: ``Trainer.step(batch, loss_fn=grpo_micro_loss(trainer), batch_metrics=False)``
+  on the SAME trainer: its checks, micro-batch plan, ``sequence_logprobs``, then
+  ``grpo_loss`` (PPO clip, beta = 0, the same normalisation) in place of F-TIS,
+  backward, clip, AdamW step; no off-policy metrics. The leanest step our components
+  allow; ``loss_overhead_vs_grpo`` = ftis / grpo - 1 therefore charges F-TIS with both
+  its loss and the trainer's metrics.
 - ``trl``: one optimizer update of TRL's ``GRPOTrainer`` (use_vllm False, beta 0,
   loss_type "grpo", num_generations = group size, the whole batch in one micro-batch,
   no gradient accumulation), driven as ``transformers.Trainer``'s epoch loop drives
@@ -38,9 +38,9 @@ What one run of each kind is, exactly:
   an extra field the reward function hands back), so no token is generated inside
   the timed step. Logging, saving and callbacks are not timed. ``trl_score_s`` is the
   part spent in ``_generate_and_score_completions``.
-- ``engine``: ``HFEngine.generate`` of the batch's prompts, ``n`` = group size, at most
-  ``completion_len`` new tokens, a fixed seed; the tokens counted are those returned
-  (rows that stop at EOS count only up to it).
+- ``engine``: ``HFEngine.generate`` of the batch's prompts, ``n`` = group size,
+  exactly ``completion_len`` new tokens (``Sampling.ignore_eos``: EOS does not end a
+  row, so the figure does not depend on what the model says), a fixed seed.
 - ``loss_only`` (separately, after the rest): ``ftis_loss`` vs ``grpo_loss``, forward +
   backward on a fixed [batch, completion_len] log-prob tensor (the generator's
   log-probs plus seeded noise, so IS weights, caps and the filter all engage): the
@@ -53,6 +53,12 @@ own log-prob of each token (``sequence_logprobs``, no grad), as for a node's own
 samples. Rewards are seeded: half of each group (rounded down) gets 1, the rest 0, so
 no advantage is zero. None of these values changes the work a step does (every
 operation in both losses is dense), only what the metrics read.
+
+``round_overhead`` (per training mode, LoRA and full): ``node.bench.rounds`` plays real
+rounds of a solo node with this model and times everything in a round that is not
+generation, gather or the step (the weight hand-over into the engine, the checkpoint
+every ``checkpoint_every`` rounds, scoring, packet encoding, the status file), against
+the step time of the same rounds.
 """
 
 from __future__ import annotations
@@ -189,36 +195,26 @@ def _loss_variant(trainer: Any, variant: str) -> Iterator[None]:
         trainer.cfg = saved
 
 
+def grpo_micro_loss(trainer: Any) -> Callable[..., torch.Tensor]:
+    """Plain GRPO's loss (`grpo_loss`: PPO clip, beta = 0) as a `Trainer.step` micro-batch loss."""
+    from node.train.ftis import grpo_loss
+
+    def loss_fn(sub: list, logp: torch.Tensor, mask: torch.Tensor, sequence_scale: torch.Tensor) -> torch.Tensor:
+        advantages = torch.tensor([s.advantage for s in sub], device=logp.device)
+        loss, _ = grpo_loss(logp, advantages, mask, eps=trainer.cfg.loss.clip_eps, sequence_scale=sequence_scale)
+        return loss
+
+    return loss_fn
+
+
 def _grpo_step(trainer: Any, batch: Any) -> float:
-    """Plain GRPO (grpo_loss) on the trainer's own model and optimizer; returns the loss.
+    """Plain GRPO on the trainer's own model and optimizer; returns the loss.
 
-    Mirrors `Trainer.step` line for line minus what only F-TIS needs (logp_gen, the IS
-    weight, the filter) and minus the off-policy metrics.
+    It IS `Trainer.step`, with the micro-batch loss swapped for `grpo_loss` and the
+    per-source off-policy metrics off: the same checks, plan, forward, backward, clip
+    and optimizer step, so the two cannot drift apart.
     """
-    from node.train.ftis import group_mean_scale, grpo_loss
-
-    seqs = batch.sequences
-    scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
-    plan = trainer.plan_micro_batches(seqs)
-    trainer.model.train()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for idx in plan:
-        sub = [seqs[i] for i in idx]
-        logp, mask = trainer.micro_batch_logprobs(sub)
-        loss, _ = grpo_loss(
-            logp,
-            torch.tensor([s.advantage for s in sub]),
-            mask,
-            eps=trainer.cfg.loss.clip_eps,
-            sequence_scale=scale[idx],
-        )
-        loss.backward()
-        total += float(loss.detach())
-    max_norm = trainer.cfg.max_grad_norm if trainer.cfg.max_grad_norm is not None else float("inf")
-    torch.nn.utils.clip_grad_norm_(trainer.params, max_norm)
-    trainer.optimizer.step()
-    return total
+    return trainer.step(batch, loss_fn=grpo_micro_loss(trainer), batch_metrics=False)["loss"]
 
 
 # --------------------------------------------------------------------------- TRL
@@ -423,8 +419,14 @@ def run_train_bench(
     threads: int | None = 1,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    overhead_rounds: int = 10,
+    overhead_modes: tuple[str, ...] = ("lora", "full"),
 ) -> dict[str, Any]:
     """Time one training step of each kind on one fixed batch; see the module docstring.
+
+    `overhead_rounds` rounds (plus one warm-up) of a solo node per mode in
+    `overhead_modes` measure `round_overhead_s`, with one checkpoint in them (0 rounds:
+    skip it).
 
     `model` is anything `node.models.registry.resolve_model` takes (an alias such as
     tiny-m, a local folder, a Hub id). The batch is batch / group_size prompts x
@@ -444,6 +446,10 @@ def run_train_bench(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if lora_rank < 1:
         raise ValueError(f"lora_rank must be >= 1, got {lora_rank}")
+    if overhead_rounds == 1 or overhead_rounds < 0:
+        raise ValueError(f"overhead_rounds must be 0 (skip) or >= 2, got {overhead_rounds}")
+    if any(m not in ("lora", "full") for m in overhead_modes):
+        raise ValueError(f"overhead_modes must be lora and/or full, got {overhead_modes}")
     threads = threads if threads is not None else _usable_cores()
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -473,7 +479,7 @@ def run_train_bench(
                 raise RuntimeError(
                     f"LoRA mismatch: TRL trains {trl.trainable} parameters, our trainer {ours_trainable}"
                 )
-            sampling = Sampling(max_tokens=completion_len, seed=seed)
+            sampling = Sampling(max_tokens=completion_len, seed=seed, ignore_eos=True)
             engine_tokens: list[int] = []
 
             def engine_run() -> None:
@@ -514,6 +520,22 @@ def run_train_bench(
             threads_after = torch.get_num_threads()
         n_params = sum(p.numel() for p in engine.base_model.parameters())
         engine.close()
+        overhead = {}
+        if overhead_rounds > 0:
+            from node.bench.rounds import run_round_overhead
+
+            for mode in overhead_modes:
+                overhead[mode] = run_round_overhead(
+                    model,
+                    mode,
+                    prompts=n_prompts,
+                    group_size=group_size,
+                    max_tokens=completion_len,
+                    rounds=overhead_rounds,
+                    lora_rank=lora_rank,
+                    seed=seed,
+                    progress=say,
+                )
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -553,6 +575,10 @@ def run_train_bench(
         "hf_engine_tokens": gen_tokens,
         "hf_engine_requested_tokens": batch * completion_len,
         "hf_engine_tokens_per_s": statistics.median(t / s for t, s in zip(engine_tokens[1:], raw["engine"])),
+        "hf_engine_fixed_length": True,
+        "round_overhead_s": {mode: r["round_overhead_s"] for mode, r in overhead.items()},
+        "round_overhead_vs_step": {mode: r["overhead_vs_step"] for mode, r in overhead.items()},
+        "round_overhead": overhead,
         "cpu_s": {
             "ftis": med_cpu["ftis"],
             "nois": med_cpu["nois"],
@@ -614,7 +640,15 @@ def format_train_bench(result: dict[str, Any]) -> str:
         f"  loss alone, fwd+bwd            ftis_loss {lo['ftis_loss_s'] * 1e3:.2f} ms, "
         f"grpo_loss {lo['grpo_loss_s'] * 1e3:.2f} ms ({lo['overhead_vs_grpo']:+.0%})",
         f"  HF engine generate             {r['hf_engine_tokens_per_s']:.0f} tok/s "
-        f"({r['hf_engine_tokens']:.0f} of {r['hf_engine_requested_tokens']} requested tokens, rows stop at EOS; "
-        f"{r['hf_engine_s'] * 1e3:.0f} ms)",
+        f"({r['hf_engine_tokens']:.0f} tokens, fixed length: EOS ignored; {r['hf_engine_s'] * 1e3:.0f} ms)",
     ]
+    for mode, o in r.get("round_overhead", {}).items():
+        lines.append(
+            f"  round overhead, {mode:<4}          {o['round_overhead_s'] * 1e3:.1f} ms = "
+            f"{o['overhead_vs_step']:.1%} of the step ({o['step_s'] * 1e3:.0f} ms; goal <= 10%; CPU time "
+            f"{o['cpu']['overhead_vs_step']:.1%}): engine load "
+            f"{o['engine_load_s'] * 1e3:.1f} ms, checkpoint {o['checkpoint_s'] * 1e3:.0f} ms every "
+            f"{o['checkpoint_every']} rounds, status file {o['status_file_s'] * 1e3:.1f} ms, "
+            f"packet {o['packet_encode_s'] * 1e3:.1f} ms, rest {o['other_overhead_s'] * 1e3:.1f} ms"
+        )
     return "\n".join(lines)

@@ -10,10 +10,10 @@ with extra masking) silently biases training.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +33,11 @@ class Sampling(BaseModel):
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
     max_tokens: int = Field(32, ge=1, description="Most completion tokens, EOS included.")
     seed: int | None = Field(None, description="Seed for reproducible sampling (None = unseeded).")
+    ignore_eos: bool = Field(
+        False,
+        description="Benchmarks only: run every completion to max_tokens. EOS is drawn like any token "
+        "(the distribution is unchanged) and does not end the completion.",
+    )
 
 
 @dataclass(slots=True)
@@ -123,6 +128,19 @@ class RolloutEngine(abc.ABC):
         A peft LoRA folder is applied on top of the base; a full model folder replaces
         the weights in place; None returns to the plain base model.
         """
+
+    #: True if `load_state` takes weights straight from the trainer's memory; otherwise the
+    #: daemon writes a weights-only folder each round for `load_adapter`.
+    loads_state: bool = False
+
+    def load_state(self, state: Mapping[str, Any], version: str, *, lora_config: Any | None = None) -> None:
+        """Switch to weights handed over in memory (`Trainer.published_state()`), copied in place.
+
+        With `lora_config` (a peft LoraConfig), `state` is a LoRA adapter's tensors as peft
+        names them in an adapter file; without, the full model's state dict. Only engines
+        with `loads_state` implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} loads weights from folders (load_adapter)")
 
     @property
     @abc.abstractmethod

@@ -12,24 +12,33 @@ so nothing beyond what `Sampling` says can shape the draw.
 Weights switch in place. A LoRA adapter is injected into the loaded base modules
 (peft), and the previous adapter is deleted so only one is ever held; a full model
 folder is copied into the existing parameters. The base model is never reloaded.
+Between rounds the daemon hands the trainer's weights over in memory (`load_state`):
+the full state, or the LoRA tensors into an adapter injected once with the trainer's
+LoraConfig, copied into the engine's own tensors (no file, no new modules).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
-from node.train.checkpoint import load_safetensors_into
 from node.train.logprobs import sampling_logprobs
+from node.train.weights import copy_state_into, load_safetensors_into
 
 __all__ = ["HFEngine"]
+
+# The adapter name of weights handed over by `load_state` (folder loads use numbered slots):
+# peft's default, the trainer's, so the tensors have the same names on both sides.
+STATE_ADAPTER = "default"
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
@@ -61,6 +70,9 @@ class HFEngine(RolloutEngine):
         self._tokenizer = tokenizer
         self._peft = None  # a PeftModel wrapping self._base while an adapter is loaded
         self._slot = 0  # peft adapter names must be module-safe, so versions map to slots
+        self._state_lora: dict[str, Any] | None = None  # the LoraConfig of the STATE_ADAPTER in place, as a dict
+        self._state_lora_config: Any = None  # ... and the object it came from (the usual, cheap match)
+        self._lora_params: dict[str, torch.Tensor] = {}  # its tensors, by the trainer's names
         self._version = "base"
         self.use_chat_template = use_chat_template
         self.max_batch_sequences = max_batch_sequences
@@ -172,7 +184,9 @@ class HFEngine(RolloutEngine):
             top_p=sampling.top_p,
             max_new_tokens=sampling.max_tokens,
             num_return_sequences=n,
-            eos_token_id=self._eos,
+            # ignore_eos: no stop id at all (min_new_tokens would mask EOS instead,
+            # which changes the distribution); EOS is then sampled and kept like any token.
+            eos_token_id=[] if sampling.ignore_eos else self._eos,  # None would mean "the model's"
             pad_token_id=self._pad,
             use_cache=True,
             return_dict_in_generate=True,
@@ -197,7 +211,7 @@ class HFEngine(RolloutEngine):
             group = []
             for row in range(i * n, (i + 1) * n):  # generate repeats each prompt n times in a row
                 tokens = generated[row]
-                hits = torch.isin(tokens, eos).nonzero()
+                hits = torch.isin(tokens, eos).nonzero() if not sampling.ignore_eos else []
                 if len(hits):  # cut after the first EOS; what follows is padding
                     length, reason = int(hits[0]) + 1, "stop"
                 else:
@@ -236,6 +250,8 @@ class HFEngine(RolloutEngine):
     def _load_lora(self, path: Path) -> None:
         from peft import PeftModel
 
+        # a folder's adapter replaces the one load_state keeps
+        self._state_lora, self._state_lora_config, self._lora_params = None, None, {}
         slot = f"slot{self._slot}"
         self._slot += 1
         if self._peft is None:
@@ -247,11 +263,65 @@ class HFEngine(RolloutEngine):
             self._peft.delete_adapter(old)  # keep one adapter resident, however many rounds pass
         self.base_model.eval()
 
+    loads_state = True
+
+    def load_state(self, state: Mapping[str, torch.Tensor], version: str, *, lora_config: Any | None = None) -> None:
+        """Copy the trainer's live weights into this engine's tensors; see `RolloutEngine.load_state`.
+
+        LoRA: `state` holds the LoRA parameters by their names in the trainer's peft model
+        (`Trainer.published_state`). The first call (or one with another LoraConfig)
+        injects an adapter with that config, named as the trainer's, so both sides name
+        the tensors alike; later calls only copy. Full: the model's state dict, as
+        `load_weights` from a folder. Names and shapes are all checked before anything
+        is copied, so a bad state leaves the engine's weights as they were.
+        """
+        if lora_config is None:
+            had_adapter = self._peft is not None
+            self._drop_adapter()
+            try:
+                copy_state_into(self.base_model, state, source="trainer state")
+            except Exception:
+                if had_adapter:
+                    self._version = "base"
+                raise
+            self._version = version
+            return
+        from peft import get_peft_model
+
+        same = lora_config is self._state_lora_config or (
+            self._state_lora is not None and self._state_lora == lora_config.to_dict()
+        )
+        if not same or self._peft is None:
+            config = lora_config.to_dict()
+            self._drop_adapter()
+            self._version = "base"
+            inference = copy.deepcopy(lora_config)
+            inference.inference_mode = True
+            self._peft = get_peft_model(self.base_model, inference, adapter_name=STATE_ADAPTER)
+            self._peft.eval()
+            self._lora_params = {n: p for n, p in self._peft.named_parameters() if f".{STATE_ADAPTER}." in n}
+            self._state_lora, self._state_lora_config = config, lora_config
+        targets = self._lora_params
+        if state.keys() != targets.keys():
+            extra, missing = sorted(state.keys() - targets.keys()), sorted(targets.keys() - state.keys())
+            raise ValueError(f"trainer state does not fit the adapter: unexpected {extra[:3]}, missing {missing[:3]}")
+        for name, tensor in state.items():
+            if tensor.shape != targets[name].shape:
+                raise ValueError(
+                    f"trainer state: {name} has shape {tuple(tensor.shape)}, the adapter {tuple(targets[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in state.items():
+                targets[name].copy_(tensor)
+        self._version = version
+
     def _drop_adapter(self) -> None:
         """Remove the LoRA layers, leaving the original base modules (and tensors) in place."""
         if self._peft is not None:
             self._base = self._peft.unload()
             self._peft = None
+            self._state_lora, self._state_lora_config = None, None
+            self._lora_params = {}
             gc.collect()
 
     def load_weights(self, path: str | Path, version: str) -> None:

@@ -260,7 +260,8 @@ class VLLMEngine(RolloutEngine):
             max_tokens=sampling.max_tokens,
             min_tokens=0,
             seed=seed,
-            stop_token_ids=list(self._eos),
+            stop_token_ids=[] if sampling.ignore_eos else list(self._eos),
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
         )
@@ -290,7 +291,7 @@ class VLLMEngine(RolloutEngine):
                     raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
                 logprobs = np.array([step[t].logprob for t, step in zip(tokens, c.logprobs)], dtype=np.float32)
                 # "stop" iff it ended on an EOS id, as the hf engine decides it.
-                reason = "stop" if tokens and tokens[-1] in eos else "length"
+                reason = "stop" if tokens and tokens[-1] in eos and not sampling.ignore_eos else "length"
                 if c.finish_reason not in ("stop", "length") or (c.finish_reason == "stop") != (reason == "stop"):
                     raise RuntimeError(f"vLLM finished a completion with {c.finish_reason!r}, expected {reason!r}")
                 group.append(

@@ -456,10 +456,11 @@ def ftis_loss(
     """
     if not isinstance(cfg, LossConfig):
         raise TypeError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
-    valid, logp, adv, scale, logp_gen = _prepare(
+    valid, logp, adv, scale, prepared_gen = _prepare(
         logp, advantages, mask, group_ids, seq_weights, sequence_scale, logp_gen=logp_gen
     )
-    assert logp_gen is not None
+    assert prepared_gen is not None
+    logp_gen = prepared_gen
     vf = valid.to(logp.dtype)
     n_tok = vf.sum(-1)
 

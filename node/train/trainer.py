@@ -13,11 +13,10 @@ distribution family and their ratio is the importance weight F-TIS needs.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,10 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from node.train import checkpoint as ckpt_io
 from node.train.ftis import LossConfig, ftis_loss, group_mean_scale, offpolicy_stats
 from node.train.logprobs import sequence_logprobs
+from node.train.weights import full_digest, weights_version
 
-__all__ = ["TrainBatch", "TrainSequence", "Trainer", "TrainerConfig"]
+__all__ = ["MicroLoss", "TrainBatch", "TrainSequence", "Trainer", "TrainerConfig"]
 
 _DEFAULT_LR = {"full": 1e-6, "lora": 2e-4}
+
+#: `loss_fn(sequences, logp, mask, sequence_scale) -> loss` of one micro-batch: `logp` carries
+#: the gradient, `sequence_scale` is each row's share of the whole batch's normalisation.
+MicroLoss = Callable[[list["TrainSequence"], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TrainerConfig(BaseModel):
@@ -62,13 +66,13 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"AdamW betas must be in [0, 1), got {v}")
         return v
 
-    def lora_config(self):
+    def lora_config(self) -> Any:
         """The peft LoraConfig these settings describe (also used to configure TRL alike)."""
         from peft import LoraConfig
 
         return LoraConfig(
             r=self.lora_rank,
-            lora_alpha=self.lora_alpha,
+            lora_alpha=self.lora_alpha,  # type: ignore[arg-type]  # annotated int, used as alpha / r
             lora_dropout=self.lora_dropout,
             target_modules=list(self.target_modules),
             task_type="CAUSAL_LM",
@@ -142,14 +146,6 @@ def _nonfinite_step(losses: list[torch.Tensor], grad_norm: float) -> str | None:
     return None
 
 
-def _tensor_digest(named: list[tuple[str, torch.Tensor]]) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(named, key=lambda kv: kv[0]):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 class Trainer:
     """Trains one policy with F-TIS. `step` per round, `save_adapter` to publish weights."""
 
@@ -186,6 +182,8 @@ class Trainer:
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self.steps = 0
         self._version: tuple[int, str] | None = None
+        self._published: dict[str, torch.Tensor] | None = None
+        self.lora_config = cfg.lora_config() if cfg.mode == "lora" else None  # what the engine injects alike
 
     # ------------------------------------------------------------------ batching
     def micro_batch_logprobs(self, sub: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,17 +241,52 @@ class Trainer:
                 raise ValueError(f"sequence {i}: {length} tokens, the model has {self.max_positions} positions")
 
     # ------------------------------------------------------------------ the step
-    def step(self, batch: TrainBatch) -> dict[str, Any]:
+    def ftis_micro_loss(
+        self, sub: list[TrainSequence], logp: torch.Tensor, mask: torch.Tensor, sequence_scale: torch.Tensor
+    ) -> torch.Tensor:
+        """The F-TIS loss of one micro-batch (its share of the whole batch's loss); the default `MicroLoss`."""
+        device = logp.device
+        loss, _ = ftis_loss(
+            logp,
+            self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device),
+            torch.tensor([s.advantage for s in sub], device=device),
+            mask,
+            self.cfg.loss,
+            seq_weights=torch.tensor([s.seq_weight for s in sub], device=device),
+            sequence_scale=sequence_scale,
+            with_metrics=False,  # computed once over the whole batch after the step
+        )
+        return loss
+
+    def backward_micro_batch(
+        self, sub: list[TrainSequence], sequence_scale: torch.Tensor, loss_fn: MicroLoss
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward one micro-batch, score it with `loss_fn`, backward (gradients accumulate).
+
+        Returns the detached log-probs [rows, width] and the loss, detached.
+        """
+        logp, mask = self.micro_batch_logprobs(sub)
+        loss = loss_fn(sub, logp, mask, sequence_scale.to(logp.device))
+        loss.backward()
+        return logp.detach(), loss.detach()
+
+    def step(
+        self, batch: TrainBatch, *, loss_fn: MicroLoss | None = None, batch_metrics: bool = True
+    ) -> dict[str, Any]:
         """One optimizer step on `batch`; returns the loss metrics plus grad_norm, tokens, seconds.
+
+        `loss_fn` replaces the F-TIS loss of each micro-batch (the benchmark's plain GRPO
+        step uses it); `batch_metrics=False` skips the per-source off-policy metrics, and
+        "loss" is then the sum of the micro-batch losses.
 
         A step with a non-finite loss or gradient is not taken: it returns {"skipped": reason, ...}.
         """
         self._check(batch)
         start = time.perf_counter()
         seqs = batch.sequences
-        device = self.cfg.device
         scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
         plan = self.plan_micro_batches(seqs)
+        loss_fn = loss_fn or self.ftis_micro_loss
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -261,22 +294,11 @@ class Trainer:
         losses: list[torch.Tensor] = []
         for idx in plan:
             sub = [seqs[i] for i in idx]
-            logp, mask = self.micro_batch_logprobs(sub)
-            logp_gen = self._pad([s.logp_gen for s in sub], logp.shape[1]).to(device)
-            loss, _ = ftis_loss(
-                logp,
-                logp_gen,
-                torch.tensor([s.advantage for s in sub], device=device),
-                mask,
-                self.cfg.loss,
-                seq_weights=torch.tensor([s.seq_weight for s in sub], device=device),
-                sequence_scale=scale[idx].to(device),
-                with_metrics=False,  # computed once over the whole batch below
-            )
-            loss.backward()
-            losses.append(loss.detach())
-            for row, i in enumerate(idx):
-                logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].detach().float().cpu()
+            logp, loss = self.backward_micro_batch(sub, scale[idx], loss_fn)
+            losses.append(loss)
+            if batch_metrics:
+                for row, i in enumerate(idx):
+                    logp_rows[i] = logp[row, : len(seqs[i].completion_ids)].float().cpu()
 
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
@@ -289,7 +311,10 @@ class Trainer:
         self.optimizer.step()
         self.steps += 1
 
-        metrics = self._batch_metrics(seqs, logp_rows, scale)
+        if batch_metrics:
+            metrics = self._batch_metrics(seqs, logp_rows, scale)
+        else:
+            metrics = {"loss": float(torch.stack(losses).sum())}
         metrics.update(
             grad_norm=grad_norm,
             tokens=sum(len(s.completion_ids) for s in seqs),
@@ -301,9 +326,10 @@ class Trainer:
         return metrics
 
     @staticmethod
-    def _pad(rows: list[np.ndarray] | list[torch.Tensor], width: int) -> torch.Tensor:
+    def _pad(rows: Sequence[np.ndarray | torch.Tensor | None], width: int) -> torch.Tensor:
         out = torch.zeros((len(rows), width), dtype=torch.float32)
         for i, r in enumerate(rows):
+            assert r is not None
             out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
@@ -317,7 +343,7 @@ class Trainer:
         """
         assert all(r is not None for r in logp_rows), "every sequence is scored in some micro-batch"
         width = max(len(s.completion_ids) for s in seqs)
-        logp = self._pad(logp_rows, width)  # type: ignore[arg-type]
+        logp = self._pad(logp_rows, width)
         gen = self._pad([s.logp_gen for s in seqs], width)
         mask = self._pad([np.ones(len(s.completion_ids), dtype=np.float32) for s in seqs], width)
         adv = torch.tensor([s.advantage for s in seqs])
@@ -338,22 +364,29 @@ class Trainer:
                 _, subset = ftis_loss(logp[sel], gen[sel], adv[sel], mask[sel], self.cfg.loss)
                 stats["frac_filtered"] = subset["frac_filtered"]
                 by_source[source] = stats
-        metrics["by_source"] = by_source
-        return metrics
+        return {**metrics, "by_source": by_source}
 
     # ------------------------------------------------------------------ weights out
-    def _published_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        if self.cfg.mode == "lora":
-            from peft import get_peft_model_state_dict
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """The weights a rollout engine needs, live (no copy), by their names in `self.model`:
+        the LoRA parameters (peft's adapter name "default" included), or the full state dict.
 
-            return list(get_peft_model_state_dict(self.model).items())
-        return list(self.model.state_dict().items())
+        Built once: the optimizer, `resume` and every load write into these same tensors.
+        (Not peft's `get_peft_model_state_dict`: it reads the model's config from disk on
+        every call, ~20 ms, which is most of a tiny model's round.)
+        """
+        if self._published is None:
+            if self.cfg.mode == "lora":
+                self._published = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+            else:
+                self._published = dict(self.model.state_dict())
+        return dict(self._published)
 
     @property
     def adapter_version(self) -> str:
-        """A content hash of the published weights (the LoRA tensors, or the full model)."""
+        """The published weights' id (`weights_version`), computed once per optimizer step."""
         if self._version is None or self._version[0] != self.steps:
-            self._version = (self.steps, _tensor_digest(self._published_tensors()))
+            self._version = (self.steps, weights_version(list(self.published_state().items()), self.steps))
         return self._version[1]
 
     def save_adapter(self, path: str | Path) -> Path:
@@ -363,9 +396,14 @@ class Trainer:
         full folder (weights, config and tokenizer) with `from_pretrained`.
         """
         path = Path(path)
-        self.model.save_pretrained(path)
-        if self.cfg.mode == "full":
-            self.tokenizer.save_pretrained(path)
+        if self.cfg.mode == "lora":
+            # "auto" would re-read the base model's config from disk to decide (~20 ms a save);
+            # the embeddings are saved only if the LoRA targets them, which ours never do by default.
+            embeddings = any("embed" in m or m == "lm_head" for m in self.cfg.target_modules)
+            self.model.save_pretrained(str(path), save_embedding_layers=embeddings)
+        else:
+            self.model.save_pretrained(str(path))
+            self.tokenizer.save_pretrained(str(path))
         return path
 
     # ------------------------------------------------------------------ checkpoints
@@ -407,7 +445,8 @@ class Trainer:
         self.steps = ckpt.meta.step
         self._version = None
         ckpt_io.restore_rng_state(torch.load(ckpt.rng_path, weights_only=True))
-        if self.adapter_version != ckpt.meta.adapter_version:
+        restored = self.adapter_version if ckpt.meta.format >= 2 else full_digest(list(self.published_state().items()))
+        if restored != ckpt.meta.adapter_version:
             raise ckpt_io.CheckpointError(f"{ckpt.path}: restored weights do not hash to the recorded version")
 
     def _load_lora_weights(self, folder: Path) -> None:
@@ -423,5 +462,6 @@ class Trainer:
             raise ValueError(f"{folder}: adapter has {got}, this trainer is configured for {want}")
         state = load_file(str(folder / "adapter_model.safetensors"), device=str(self.cfg.device))
         result = set_peft_model_state_dict(self.model, state)
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"{folder}: unexpected adapter tensors {result.unexpected_keys[:5]}")
+        unexpected = list(getattr(result, "unexpected_keys", None) or [])
+        if unexpected:
+            raise ValueError(f"{folder}: unexpected adapter tensors {unexpected[:5]}")
