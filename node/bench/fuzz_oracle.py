@@ -267,7 +267,10 @@ def _sequences_to_completions(admission: Any, seqs: list[Any], group: Any, same_
         if same_tokenizer:
             return (
                 s.completion_ids == c.token_ids.tolist()
-                and np.array_equal(s.logp_gen, c.logprobs)
+                # The claimed-log-prob rule may raise a claim on a flagged token (lowering its
+                # weight), never lower one; all other claims pass unchanged.
+                and len(s.logp_gen) == len(c.logprobs)
+                and bool(np.all(np.asarray(s.logp_gen) >= np.asarray(c.logprobs)))
                 and s.text == tok.decode(s.completion_ids, skip_special_tokens=True)
             )
         if not c.text or s.text != c.text:
