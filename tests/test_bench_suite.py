@@ -1,6 +1,6 @@
 """The benchmark suite: machine description, engine bench, and the JSON + markdown report.
 
-The report comes from a real quick run of all four benchmarks (the suite's own quick
+The report comes from a real quick run of every benchmark (the suite's own quick
 settings, with the session's tiny model in place of the warm-started tiny-s, whose
 first build takes minutes), and a real benchmark failing on bad input. `run_all` itself
 runs with the protocol benchmark only, for the same reason. No timing is asserted: only
@@ -71,7 +71,7 @@ def _quick_specs(model_dir: Path) -> list[BenchSpec]:
 
 @pytest.fixture(scope="module")
 def report(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """All four benchmarks, quick and for real, written to JSON and markdown."""
+    """Every benchmark, quick and for real, written to JSON and markdown."""
     specs = _quick_specs(tiny_model_dir)
     assert [s.name for s in specs] == list(BENCH_NAMES)
     out = tmp_path_factory.mktemp("report")

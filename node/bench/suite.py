@@ -55,7 +55,7 @@ class BenchSpec:
 
 
 def default_specs(quick: bool = False) -> list[BenchSpec]:
-    """The four benchmarks at full size, or (quick) at the smallest sizes that exercise them."""
+    """Every benchmark at full size, or (quick) at the smallest sizes that exercise them."""
     if quick:
         protocol = {"repeats": 1}
         train = {

@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from node.config import LOSS_CHOICES, NodeConfig
+from node.tasks import TASK_KINDS
 from node.train.ftis import VARIANTS
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 DEFAULT_VARIANTS: tuple[str, ...] = ("alone", *VARIANTS)  # the baseline first, then the loss variants
-TASK_KINDS = ("toy", "gym", "gsm8k", "math500")
 # What a round record keeps from the trainer's metrics (the rest stays in the node's status).
 ROUND_METRICS = (
     "loss",
