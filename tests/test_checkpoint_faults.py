@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.procs import free_port as _free_port
+from tests.procs import p2pd_pids as _p2pd_pids
 
 SMALL = ["--model", "tiny-s", "--task", "toy", "--prompts-per-round", "2", "--group-size", "4", "--max-tokens", "8"]
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -59,24 +61,6 @@ def _json(path: Path) -> dict:
 
 def _rounds(ckpts: Path) -> list[str]:
     return sorted(p.name for p in ckpts.iterdir() if p.name.startswith("round-"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _p2pd_pids() -> set[int]:
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "p2pd":
-                    pids.add(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture(scope="module")

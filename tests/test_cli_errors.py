@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from node.cli import app
 from node.config import SOURCES, NodeConfig
+from tests.procs import free_port as _free_port
 
 # One bad value for every setting that has a bound or a list of choices (its own or its owner's).
 BAD_VALUES = {
@@ -144,12 +145,6 @@ def test_usage_errors_are_one_line_too():
 
 
 # ---------------------------------------------------------------- through the real CLI
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:

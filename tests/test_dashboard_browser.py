@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import httpx
 import pytest
 
 from tests.bad_peer import MARKUP, MODEL
+from tests.procs import free_port as _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -43,12 +43,6 @@ CHROME_FLAGS = [
     "--disable-sync",
     "--hide-scrollbars",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _p2pd_pids() -> set[int]:

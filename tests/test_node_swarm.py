@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,25 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.procs import free_port as _free_port
+from tests.procs import p2pd_pids as _p2pd_pids
+
 ROUNDS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _p2pd_pids() -> set[int]:
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "p2pd":
-                    pids.add(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 def _spawn(tmp_path: Path, name: str, model: str, swarm: str | None, expect: int, rounds: int | None = ROUNDS):

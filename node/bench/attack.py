@@ -30,13 +30,12 @@ tiny-alt with another tokenizer, LoRA), with no attacker.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +382,8 @@ def run_attack_bench(
     """
     import torch
 
+    from node.experiment.runner import quiet_hf  # no progress bars from every checkpoint
+
     torch.set_num_threads(1)
     started = time.perf_counter()
     kw = dict(
@@ -399,7 +400,7 @@ def run_attack_bench(
         honest=(model,) * len(HONEST) if model else HONEST,
         say=progress,
     )
-    with _no_hf_bars():
+    with quiet_hf():
         off = _play(screen=False, **kw)
         on = _play(screen=True, **kw)
     result: dict[str, Any] = {
@@ -425,7 +426,7 @@ def run_attack_bench(
         "screen_on": on,
     }
     if heterogeneous_rounds:
-        with _no_hf_bars():
+        with quiet_hf():
             result["heterogeneous"] = measure_heterogeneous(heterogeneous_rounds, seed)
     if judge:
         try:
@@ -434,20 +435,6 @@ def run_attack_bench(
             result["judge"] = {"error": f"{type(err).__name__}: {err}"}
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
-
-
-@contextlib.contextmanager
-def _no_hf_bars() -> Iterator[None]:
-    """No transformers progress bars: every round saves a checkpoint, one bar each would drown the output."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def format_attack_bench(r: dict[str, Any]) -> str:

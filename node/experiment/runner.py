@@ -633,7 +633,7 @@ def run_experiment(
     cache: dict = {}
     dht: dict[str, Any] | None = None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with _quiet_hf(), Progress(*columns, console=console, transient=False) as progress:
+    with quiet_hf(), Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("experiment", total=total)
         tick = lambda _r: progress.advance(bar)  # noqa: E731
         for pair, variant, seed in grid:
@@ -661,7 +661,7 @@ def run_experiment(
 
 
 @contextlib.contextmanager
-def _quiet_hf() -> Iterator[None]:
+def quiet_hf() -> Iterator[None]:
     """No transformers progress bars: every round saves and loads weights, and one bar per
     save would drown the experiment's own progress line."""
     from transformers.utils import logging as hf_logging
