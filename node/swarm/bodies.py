@@ -28,6 +28,7 @@ BODY_HANDLER = "ftis.body.v1"
 _BODY_OK, _BODY_MISSING = b"\x00", b"\x01"
 _LEN_BYTES = 8  # the length prefix of hivemind's P2P.send_raw_data
 _SERVE_TIMEOUT_S = 60.0  # a reader slower than this loses the stream
+_FETCH_RETRY_S = 0.1  # pause before the one retry of a failed body fetch
 
 
 class BodyStore:
@@ -110,9 +111,19 @@ async def fetch_body(_dht, node, peer: str, digest: bytes, size: int, timeout: f
         finally:
             writer.close()
 
+    async def fetch_with_retry() -> tuple[bytes | None, str]:
+        # A dial or stream open can fail transiently on a loaded host (p2pd answers ControlFailure):
+        # one retry inside the same time budget, so a busy moment does not reject a packet.
+        try:
+            return await fetch()
+        except Exception as e:  # TimeoutError is the budget's own: it cancels us, never lands here
+            logger.debug("body fetch from %s failed, retrying once: %r", peer, e)
+        await asyncio.sleep(_FETCH_RETRY_S)
+        return await fetch()
+
     try:
         async with asyncio.timeout(timeout):
-            return await fetch()
+            return await fetch_with_retry()
     except TimeoutError:
         return None, RejectReason.FETCH_TIMEOUT
     except Exception as e:  # unreachable peer, reset stream, bad peer id: all the sender's problem
