@@ -12,7 +12,8 @@ Weights reach the engine every round without touching the disk where the engine 
 it (the hf engine copies the trainer's tensors in place; vLLM reads a weights-only
 folder). A durable checkpoint (weights, optimizer, RNG, hashes) is written every
 `checkpoint_every` rounds and at stop, so a crash loses at most that many rounds; a
-resume says how many it lost.
+resume says how many it lost. A round's checkpoint is written in a background thread
+from a snapshot of the state, while the next round runs.
 
 Stopping: SIGINT/SIGTERM set a flag that the loop reads between phases, so a step in
 progress is finished or abandoned cleanly; a final checkpoint is written if anything
@@ -88,6 +89,7 @@ class Node:
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
         self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
+        self.checkpoints = None  # the CheckpointWriter: round checkpoints are written in the background
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> Node:
@@ -120,6 +122,9 @@ class Node:
         self.generation = cfg.generation(has_template)
         self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
+        from node.train.checkpoint import CheckpointWriter
+
+        self.checkpoints = CheckpointWriter()
         self._resume()
         from node.trust import TrustBook
 
@@ -325,9 +330,12 @@ class Node:
         self._load_engine_weights()
         self.round_done = r
         self._rounds_unsaved += 1
+        # The previous round's checkpoint was written while this round ran; it is on disk before
+        # this round is recorded as played, so a crash still loses at most checkpoint_every rounds.
+        self.checkpoints.wait()
         if self._dirty and self._rounds_unsaved >= self.cfg.checkpoint_every:
             self.status.set_phase("checkpointing", r)
-            self.checkpoint(r)
+            self.checkpoint(r, background=True)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         with_signal = sum(1 for g in used if np.ptp(g.rewards) > 0)
         notices = self._notices(r, start, used, with_signal, own_rewards)
@@ -399,8 +407,7 @@ class Node:
         """`<data dir>/status.json`: what GET /status says, kept after the node has stopped."""
         path = self.cfg.node_dir / "status.json"
         tmp = path.with_suffix(".json.tmp")
-        snapshot = self.status.snapshot() | {"history": self.status.history_dump()}
-        tmp.write_text(json.dumps(snapshot, indent=1, default=str))
+        tmp.write_text(self.status.file_text())
         os.replace(tmp, path)
 
     # ------------------------------------------------------------------ phases
@@ -567,9 +574,20 @@ class Node:
             if source != SELF:
                 self.status.peer_update(source, offpolicy=stats)
 
-    def checkpoint(self, r: int) -> None:
-        """A durable, atomic checkpoint of round `r`: weights, optimizer, RNG and hashes."""
-        self.trainer.save_checkpoint(self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task})
+    def checkpoint(self, r: int, *, background: bool = False) -> None:
+        """A durable, atomic checkpoint of round `r`: weights, optimizer, RNG and hashes.
+
+        `background`: snapshot the state now and write it while the loop goes on (the
+        next round waits for it before it is recorded); else write it now.
+        """
+        job = self.trainer.checkpoint_job(
+            self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task}, snapshot=background
+        )
+        self.checkpoints.wait()
+        if background:
+            self.checkpoints.submit(job)
+        else:
+            job()
         self.round_done = r
         self._dirty = False
         self._rounds_unsaved = 0
@@ -626,6 +644,12 @@ class Node:
         """Idempotent: final checkpoint if needed, then DHT, API and engine down."""
         self.status.set_phase("stopping")
         try:
+            if self.checkpoints is not None:
+                try:
+                    self.checkpoints.wait()
+                except Exception as e:  # the final checkpoint below writes it again
+                    logger.error("the last background checkpoint failed: %s", e)
+                    self._dirty = True
             if self._dirty and self.trainer is not None and self.round_done is not None:
                 self.checkpoint(self.round_done)
         finally:

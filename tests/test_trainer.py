@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from node.rollout import Sampling, make_engine
-from node.train.checkpoint import CheckpointError, load_checkpoint, load_latest
+from node.train.checkpoint import CheckpointError, CheckpointWriter, load_checkpoint, load_latest
 from node.train.ftis import LossConfig, group_advantages
 from node.train.logprobs import sequence_logprobs
 from node.train.trainer import TrainBatch, Trainer, TrainerConfig, TrainSequence
@@ -305,6 +305,41 @@ def test_resume_continues_exactly(tiny_model_dir: Path, tmp_path: Path, mode: st
     c.resume(latest)
     torch.manual_seed(4)
     assert c.step(batches[1])["loss"] != pytest.approx(uninterrupted[0], abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_background_checkpoint_holds_the_state_of_its_snapshot(
+    tiny_model_dir: Path, batch: TrainBatch, tmp_path: Path, mode: str
+) -> None:
+    """Steps taken while a checkpoint is written do not leak into it; a failed write is raised by wait()."""
+    cfg = TrainerConfig(mode=mode, lr=3e-3 if mode == "lora" else 1e-4, seed=1)
+    a = Trainer(tiny_model_dir, cfg)
+    a.step(batch)
+    version, params = a.adapter_version, [p.detach().clone() for p in a.params]
+    job = a.checkpoint_job(tmp_path, round=1)  # the snapshot is taken here
+    a.step(batch)  # ... and training goes on before the write starts
+    a.step(batch)
+    writer = CheckpointWriter()
+    writer.submit(job)
+    ckpt = writer.wait()
+    assert ckpt is not None and ckpt.meta.step == 1 and ckpt.meta.adapter_version == version
+    assert a.steps == 3 and a.adapter_version != version
+
+    b = Trainer(tiny_model_dir, cfg.model_copy(update={"seed": 2}))
+    b.resume(load_latest(tmp_path))  # resume checks the weights hash to the recorded version
+    assert b.steps == 1 and b.adapter_version == version
+    for p, q in zip(params, b.params):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    again = [b.step(batch)["loss"] for _ in range(2)]  # the optimizer state was snapshotted too
+    c = Trainer(tiny_model_dir, cfg)
+    c.step(batch)
+    assert again == pytest.approx([c.step(batch)["loss"] for _ in range(2)], abs=1e-6)
+
+    (tmp_path / "blocked").write_text("a file where the checkpoint folder should be")
+    writer.submit(a.checkpoint_job(tmp_path / "blocked", round=2))
+    with pytest.raises(OSError):
+        writer.wait()
+    assert writer.wait() is ckpt  # raised once; the newest good checkpoint is still known
 
 
 def test_resume_rejects_a_mismatched_trainer(tiny_model_dir: Path, tmp_path: Path, caplog) -> None:

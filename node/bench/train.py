@@ -648,7 +648,8 @@ def format_train_bench(result: dict[str, Any]) -> str:
             f"{o['overhead_vs_step']:.1%} of the step ({o['step_s'] * 1e3:.0f} ms; goal <= 10%; CPU time "
             f"{o['cpu']['overhead_vs_step']:.1%}): engine load "
             f"{o['engine_load_s'] * 1e3:.1f} ms, checkpoint {o['checkpoint_s'] * 1e3:.0f} ms every "
-            f"{o['checkpoint_every']} rounds, status file {o['status_file_s'] * 1e3:.1f} ms, "
+            f"{o['checkpoint_every']} rounds (+ {o['checkpoint_write_s'] * 1e3:.0f} ms written in the background), "
+            f"status file {o['status_file_s'] * 1e3:.1f} ms, "
             f"packet {o['packet_encode_s'] * 1e3:.1f} ms, rest {o['other_overhead_s'] * 1e3:.1f} ms"
         )
     return "\n".join(lines)

@@ -36,6 +36,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,6 +54,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointMeta",
+    "CheckpointWriter",
     "FileRecord",
     "NoUsableCheckpoint",
     "checkpoint_folders",
@@ -237,10 +239,12 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep: int = 3,
     on_stage: Callable[[str], None] | None = None,
+    rng: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """Write checkpoint `round` under `root` atomically, point `latest` at it, keep the newest `keep`.
 
     `write_weights(folder)` saves the adapter or model into a folder it creates.
+    `rng`: the RNG states to record (`rng_state()` taken when the snapshot was; None: now).
     `on_stage(name)` is called after each stage ("weights", "optimizer", "rng", "meta",
     "done"): a progress hook, and the place a test can interrupt a save.
     """
@@ -260,7 +264,7 @@ def save_checkpoint(
         stage("weights")
         torch.save(optimizer_state, tmp / OPTIMIZER)
         stage("optimizer")
-        torch.save(rng_state(), tmp / RNG)
+        torch.save(rng if rng is not None else rng_state(), tmp / RNG)
         stage("rng")
         _fsync_tree(tmp)  # the data is on disk before meta.json says the folder is complete
         meta = CheckpointMeta(
@@ -334,6 +338,51 @@ def _reject(root: Path, path: Path, error: CheckpointError) -> None:
     os.replace(path, target)
     _forget(path)
     log.warning("checkpoint %s does not verify (%s); set aside as %s", path.name, _reason(error, False), target.name)
+
+
+class CheckpointWriter:
+    """Writes checkpoints in a worker thread, one at a time.
+
+    A round pays for a snapshot of the state (a memory copy); the files, their fsyncs and
+    their hashes are written while the next round generates and trains. The caller
+    `wait()`s before it records the next round as played, so a crash still loses at
+    most `checkpoint_every` rounds. A failed write is raised by the next `wait()` or
+    `submit()`, never lost.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last: Checkpoint | None = None
+        self.last_write_s = 0.0  # how long the newest write took in the background
+
+    def submit(self, write: Callable[[], Checkpoint]) -> None:
+        self.wait()  # one in flight: a slow disk holds the loop back, snapshots never pile up
+
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                self.last = write()
+            except BaseException as e:  # handed to the caller's thread by wait()
+                self._error = e
+            self.last_write_s = time.perf_counter() - start
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> Checkpoint | None:
+        """Block until the write in flight (if any) is on disk; the newest checkpoint written."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self.last
 
 
 # --------------------------------------------------------------------------- load

@@ -389,20 +389,21 @@ class Trainer:
             self._version = (self.steps, weights_version(list(self.published_state().items()), self.steps))
         return self._version[1]
 
-    def save_adapter(self, path: str | Path) -> Path:
+    def save_adapter(self, path: str | Path, *, state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the policy for the rollout engine: a peft adapter folder, or a full model folder.
 
         The adapter loads with `PeftModel.from_pretrained` and vLLM's `LoRARequest`; the
-        full folder (weights, config and tokenizer) with `from_pretrained`.
+        full folder (weights, config and tokenizer) with `from_pretrained`. `state`: write
+        these tensors (a `published_state()` snapshot) instead of the live ones.
         """
         path = Path(path)
         if self.cfg.mode == "lora":
             # "auto" would re-read the base model's config from disk to decide (~20 ms a save);
             # the embeddings are saved only if the LoRA targets them, which ours never do by default.
             embeddings = any("embed" in m or m == "lm_head" for m in self.cfg.target_modules)
-            self.model.save_pretrained(str(path), save_embedding_layers=embeddings)
+            self.model.save_pretrained(str(path), save_embedding_layers=embeddings, state_dict=state)
         else:
-            self.model.save_pretrained(str(path))
+            self.model.save_pretrained(str(path), state_dict=state)
             self.tokenizer.save_pretrained(str(path))
         return path
 
@@ -416,19 +417,49 @@ class Trainer:
         extra: dict[str, Any] | None = None,
         on_stage: Callable[[str], None] | None = None,
     ) -> ckpt_io.Checkpoint:
-        """Atomically checkpoint weights, optimizer, RNG and round under `root`."""
-        return ckpt_io.save_checkpoint(
-            root,
-            round,
-            write_weights=self.save_adapter,
-            optimizer_state=self.optimizer.state_dict(),
-            step=self.steps,
-            mode=self.cfg.mode,
-            adapter_version=self.adapter_version,
-            extra=extra,
-            keep=keep,
-            on_stage=on_stage,
-        )
+        """Atomically checkpoint weights, optimizer, RNG and round under `root`, now."""
+        return self.checkpoint_job(root, round, keep=keep, extra=extra, on_stage=on_stage, snapshot=False)()
+
+    def checkpoint_job(
+        self,
+        root: str | Path,
+        round: int,
+        *,
+        keep: int = 3,
+        extra: dict[str, Any] | None = None,
+        on_stage: Callable[[str], None] | None = None,
+        snapshot: bool = True,
+    ) -> Callable[[], ckpt_io.Checkpoint]:
+        """The write of a checkpoint of the state as it is NOW, to run now or in another thread.
+
+        `snapshot`: copy the weights, the optimizer state and the RNG states first (to the
+        CPU), so that training may go on while the job writes; without it the job reads the
+        live tensors and must run before the next step.
+        """
+        weights = self.published_state()
+        optimizer_state: Any = self.optimizer.state_dict()
+        if snapshot:
+            weights = _cpu_copy(weights)
+            optimizer_state = _cpu_copy(optimizer_state)
+        rng = ckpt_io.rng_state()
+        step, version = self.steps, self.adapter_version
+
+        def write() -> ckpt_io.Checkpoint:
+            return ckpt_io.save_checkpoint(
+                root,
+                round,
+                write_weights=lambda folder: self.save_adapter(folder, state=weights),
+                optimizer_state=optimizer_state,
+                step=step,
+                mode=self.cfg.mode,
+                adapter_version=version,
+                extra=extra,
+                keep=keep,
+                on_stage=on_stage,
+                rng=rng,
+            )
+
+        return write
 
     def resume(self, ckpt: ckpt_io.Checkpoint) -> None:
         """Restore weights, optimizer state, step count and RNG streams from `ckpt`."""
@@ -465,3 +496,22 @@ class Trainer:
         unexpected = list(getattr(result, "unexpected_keys", None) or [])
         if unexpected:
             raise ValueError(f"{folder}: unexpected adapter tensors {unexpected[:5]}")
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """`obj` with every tensor copied to the CPU (tensors that shared storage still share it)."""
+    memo: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            key = (x.untyped_storage().data_ptr(), x.storage_offset(), *x.shape, None, *x.stride())
+            if key not in memo:
+                memo[key] = x.detach().to("cpu", copy=True)
+            return memo[key]
+        if isinstance(x, dict):
+            return {k: copy(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(copy(v) for v in x)
+        return x
+
+    return copy(obj)
