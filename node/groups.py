@@ -71,7 +71,8 @@ def mix_groups(
     Peer ids cost nothing to make, so turns alone would hand a Sybil with many ids most of
     the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
     node/trust.py) take their turns after the trusted ones, and all of them together carry
-    at most `probation_share` of the loss (of the batch's groups). `trusted=None` trusts
+    at most `probation_share` of the loss (of the batch's groups), or one group where that
+    share rounds down to none. `trusted=None` trusts
     everyone. Returns the batch and the number of peer groups left out.
     """
     if peer_share <= 0 or not peers:
@@ -85,9 +86,11 @@ def mix_groups(
         newcomers = [g for g in peers if g.source not in trusted]
     chosen, used = _take_turns(known, budget, float("inf"), rng)
     if newcomers and probation_share > 0:
-        # u groups out of (own + trusted + u) is at most probation_share when u <= s / (1 - s) * (own + trusted)
+        # u groups out of (own + trusted + u) is at most probation_share when u <= s / (1 - s) * (own + trusted);
+        # at least one group a round for all of them together, so a joiner counts from its first
+        # round even in a small batch (a Sybil army still shares that one group).
         share = min(probation_share, 0.999)
-        max_groups = int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9)
+        max_groups = max(1, int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9))
         chosen += _take_turns(newcomers, budget - used, max_groups, rng)[0]
     return list(own) + chosen, len(peers) - len(chosen)
 

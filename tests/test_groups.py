@@ -69,3 +69,14 @@ def test_newcomers_fill_what_trusted_peers_leave_within_their_cap():
     batch, left_out = mix_groups(own, newcomers, 0.5, random.Random(0), trusted=set(), probation_share=0.25)
     assert len(batch) == 8 and left_out == 1  # 0.25 / 0.75 * 6 = 2 groups: 2 of the 8 in the loss
     assert mix_groups(own, newcomers, 0.5, random.Random(0), trusted=set(), probation_share=0.0)[1] == 3
+
+
+def test_newcomers_together_get_one_group_where_their_share_rounds_to_none():
+    """The default 8 own groups and a 10 % share: 0.1 / 0.9 * 8 = 0.89 groups, so one, for all of them."""
+    own = [group(SELF, i, size=8) for i in range(8)]
+    joiner = [group("joiner", 10 + i, size=8) for i in range(8)]
+    batch, left_out = mix_groups(own, joiner, 0.5, random.Random(0), trusted=set(), probation_share=0.1)
+    assert [g.source for g in batch[8:]] == ["joiner"] and left_out == 7
+    sybils = [group(f"sybil{k}", 100 * k + i, size=2) for k in range(6) for i in range(4)]
+    batch, _ = mix_groups(own, joiner + sybils, 0.5, random.Random(1), trusted=set(), probation_share=0.1)
+    assert len(batch) == 9  # made-up ids share the same one group
