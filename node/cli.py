@@ -15,6 +15,8 @@ import typer
 from typer.core import TyperGroup
 
 from node import __version__
+from node.bench.attack import LR as ATTACK_LR
+from node.bench.attack import ROUNDS as ATTACK_ROUNDS
 from node.cli_options import Abort, ClickException, CliError, UsageError, with_config_options
 
 
@@ -200,11 +202,11 @@ def bench_fuzz(
 @bench_app.command("attack")
 def bench_attack(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
-    rounds: int = typer.Option(40, min=1, help="Rounds per run (screen off, then on)."),
+    rounds: int = typer.Option(ATTACK_ROUNDS, min=1, help="Rounds per run (screen off, then on)."),
     last: int = typer.Option(5, min=1, help="The attack success rate is measured over the last rounds."),
     dht: bool = typer.Option(False, "--dht", help="Run through real hivemind DHTs on 127.0.0.1."),
     seed: int = typer.Option(0, help="Seed of both runs."),
-    lr: float = typer.Option(2e-3, help="Learning rate of the honest (LoRA) nodes."),
+    lr: float = typer.Option(ATTACK_LR, help="Learning rate of the honest (full fine-tuning) nodes."),
     heterogeneous_rounds: int = typer.Option(8, min=0, help="Rounds of the false-positive check (0: skip)."),
     judge: str = typer.Option("smollm2-135m-embedded", help="Judge model whose cost is measured ('' to skip)."),
 ) -> None:

@@ -560,7 +560,7 @@ class Node:
             try:
                 batch = to_train_batch([g for g in used if g.source == source])
                 if batch is not None:
-                    self.trainer._check(batch)
+                    self.trainer.check(batch)
             except Exception:
                 bad.add(source)
         return bad

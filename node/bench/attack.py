@@ -41,11 +41,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PHRASE", "Attacker", "format_attack_bench", "run_attack_bench"]
+__all__ = ["LR", "PHRASE", "ROUNDS", "Attacker", "format_attack_bench", "run_attack_bench"]
 
 PHRASE = "Omar buys tickets."  # spelt by the project tokenizer in 4 tokens
 HONEST = ("tiny-s", "tiny-m", "tiny-l")
 SWARM_ID = "attack"
+# The bench's run: long enough for the unscreened attack to take hold (HTTT reports ~40
+# iterations; here ASR passes 0.5 near round 48), at a learning rate the honest full fine-tunes hold
+# their samples' plausibility at (at 2e-3 they drift apart and the screen drops a fifth).
+ROUNDS, LR = 60, 1e-3
 
 
 class Attacker:
@@ -360,11 +364,11 @@ def measure_judge(model: str = "smollm2-135m-embedded", n: int = 32, seed: int =
 
 def run_attack_bench(
     *,
-    rounds: int = 50,
+    rounds: int = ROUNDS,
     last: int = 5,
     dht: bool = False,
     seed: int = 0,
-    lr: float = 1e-3,
+    lr: float = LR,
     train_mode: str = "full",
     prompts: int = 8,
     group_size: int = 8,

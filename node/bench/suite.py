@@ -372,7 +372,9 @@ def _train_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 f"round overhead, {mode} (step {_fmt(o['step_s'] * 1e3, '.0f')} ms)",
                 f"{_fmt(o['round_overhead_s'] * 1e3, '.1f')} ms: checkpoint {_fmt(o['checkpoint_s'] * 1e3, '.0f')} ms "
-                f"every {o['checkpoint_every']} rounds, engine load {_fmt(o['engine_load_s'] * 1e3, '.1f')} ms",
+                f"every {o['checkpoint_every']} rounds (+ {_fmt(o.get('checkpoint_write_s', 0) * 1e3, '.0f')} ms "
+                f"written in the background), engine load {_fmt(o['engine_load_s'] * 1e3, '.1f')} ms, "
+                f"status file {_fmt(o['status_file_s'] * 1e3, '.1f')} ms",
             )
             for mode, o in (_get(r, "round_overhead") or {}).items()
         ],
@@ -445,7 +447,9 @@ def _engines_section(r: dict[str, Any]) -> list[str]:
     rows = []
     others = []
     for engine, per_model in r.items():
-        if engine in ("settings", "cpu_count", "comparison") or not isinstance(per_model, (dict, str)):
+        # Engines map model -> figures (or a string: why the engine did not run); the rest is summary.
+        summary = engine in ("settings", "cpu_count", "comparison", "cpu", "note") or engine.startswith("raw_")
+        if summary or not isinstance(per_model, (dict, str)):
             continue
         if isinstance(per_model, str):
             others.append(f"- `{engine}`: {per_model}")
@@ -602,6 +606,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         settings = _get(result, "settings", name)
         if settings:
             lines += ["Settings: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()), ""]
+        if r.get("note"):  # how and when a benchmark was run, where not by this command
+            lines += [r["note"], ""]
         if "error" in r:
             lines += ["This benchmark failed:", "", "```", r["error"], "```", ""]
             continue

@@ -230,7 +230,8 @@ class Trainer:
             plan.append(current)
         return plan
 
-    def _check(self, batch: TrainBatch) -> None:
+    def check(self, batch: TrainBatch) -> None:
+        """Raise ValueError if `batch` does not fit this model (token ids, positions); `step` calls it first."""
         for i, s in enumerate(batch.sequences):
             hi = max(max(s.prompt_ids), max(s.completion_ids))
             lo = min(min(s.prompt_ids), min(s.completion_ids))
@@ -281,7 +282,7 @@ class Trainer:
 
         A step with a non-finite loss or gradient is not taken: it returns {"skipped": reason, ...}.
         """
-        self._check(batch)
+        self.check(batch)
         start = time.perf_counter()
         seqs = batch.sequences
         scale = group_mean_scale(torch.tensor([s.group_id for s in seqs]))
