@@ -398,7 +398,7 @@ class Node:
                 suggest = max(bucket * 2, math.ceil(seconds * 1.5 / 10) * 10)
                 skipped = f", so {late} round(s) of the swarm went by without this node" if late > 0 else ""
                 notices.append(
-                    f"this round took {seconds:.0f} s, longer than its {bucket:g} s bucket{skipped}; "
+                    f"this round took {seconds:.3g} s, longer than its {bucket:g} s bucket{skipped}; "
                     f"pass a longer --round-seconds (e.g. {suggest:g}) or fewer --prompts-per-round / --max-tokens"
                 )
         return notices
