@@ -385,7 +385,11 @@ def _attack_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     s = r.get("settings", {})
     rows = [
         ("rounds per run (ASR over the last)", f"{_fmt(_get(r, 'rounds'))} ({_fmt(_get(r, 'last_rounds'))})"),
-        ("honest nodes", ", ".join(s.get("honest", [])) + f", LoRA lr {_fmt(s.get('lr'), 'g')}"),
+        (
+            "honest nodes",
+            ", ".join(s.get("honest", []))
+            + f", {'LoRA' if s.get('train_mode') == 'lora' else 'full fine-tuning'} at lr {_fmt(s.get('lr'), 'g')}",
+        ),
         ("phrase injected after correct answers", f"`{s.get('phrase')}`"),
         (
             "attacker's declared temperature / claimed log-prob",
