@@ -43,6 +43,7 @@ from node.screen import PlausibilityScreen, Screen, TokenView, honest_claims
 from node.tasks import Task
 from node.trust import HOSTILE_REASONS, TrustBook
 from protocol import Limits, ProtocolError, RolloutPacket, decode, peek_header
+from protocol.keys import STALE_ROUNDS
 
 # (prompt_ids, [completion_ids, ...], temperature, top_k, top_p) -> our view of each completion
 LocalView = Callable[[list[int], list[list[int]], float, int, float], list[TokenView]]
@@ -105,7 +106,7 @@ class Admission:
         trust: TrustBook | None = None,
         cross_tokenizer: Literal["graft", "drop"] = "graft",
         limits: Limits | None = None,
-        stale_rounds: int = 2,
+        stale_rounds: int = STALE_ROUNDS,
         min_group_size: int = 2,
         chat_template: bool = False,
         temperature_range: tuple[float, float] = TEMPERATURE_RANGE,

@@ -19,6 +19,7 @@ from protocol.errors import ErrorCode, ProtocolError
 __all__ = [
     "KEY_PREFIX",
     "MAX_SWARM_ID_CHARS",
+    "STALE_ROUNDS",
     "parse_round_key",
     "round_at",
     "round_key",
@@ -28,6 +29,9 @@ __all__ = [
 
 KEY_PREFIX = "ftis"
 MAX_SWARM_ID_CHARS = 64
+# A node reads (and admits) packets of the current round and this many rounds before it: a
+# peer whose round ran long still counts once. The gather and admission use the same window.
+STALE_ROUNDS = 1
 # Lower-case so that two spellings never name two swarms; must start alphanumeric so a
 # swarm id can never look like an option ("-x") or a hidden name ("_x").
 _SWARM_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")

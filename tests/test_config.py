@@ -1,5 +1,7 @@
 """Settings come from flags > environment > YAML > defaults, with readable errors."""
 
+import inspect
+
 import pytest
 from typer.testing import CliRunner
 
@@ -51,12 +53,27 @@ def test_defaults_agree_with_the_modules_that_own_them():
             assert NodeConfig.model_fields[field].default == owner.default, (field, cls, sub)
     assert NodeConfig.model_fields["port"].default == DEFAULT_PORT
     assert set(LOSS_CHOICES) == {*VARIANTS, "alone"}
+    from node.experiment.report import VARIANT_COLORS
+
+    assert set(VARIANT_COLORS) == set(LOSS_CHOICES)  # every variant drawn in its own fixed colour
     from node.rollout.base import Sampling
 
     assert (PLAIN_DEFAULTS.max_tokens, PLAIN_DEFAULTS.temperature) == (
         Sampling.model_fields["max_tokens"].default,
         Sampling.model_fields["temperature"].default,
     )
+    from node.admission import Admission
+    from node.experiment.exchange import InProcessExchange
+    from node.swarm.dht import SwarmConfig
+    from protocol.keys import STALE_ROUNDS
+
+    # One window of rounds read back: the swarm's gather, the experiment's exchange, admission.
+    stale_defaults = {
+        SwarmConfig.model_fields["stale_rounds"].default,
+        inspect.signature(InProcessExchange.gather).parameters["stale_rounds"].default,
+        inspect.signature(Admission).parameters["stale_rounds"].default,
+    }
+    assert stale_defaults == {STALE_ROUNDS}
     cfg = NodeConfig()
     assert cfg.loss_config().kl_threshold == 50.0 and cfg.trainer_config().learning_rate == 2e-4
 

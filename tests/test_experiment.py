@@ -128,6 +128,10 @@ def test_config_accepts_file_tasks_and_rejects_bad_settings(tmp_path):
         "variants": (["f-tis", "ppo"], "unknown variant 'ppo'"),
         "eval_tasks": ({"id": "squad:x"}, "unknown kind 'squad'"),
         "seeds": ([0, 0], "seeds repeat"),
+        # The nodes' own rules (NodeConfig, LossConfig, protocol.keys), not copies of them.
+        "is_cap": (0.5, "is_cap: Input should be greater than or equal to 1"),
+        "lora_rank": (0, "lora_rank: Input should be greater than or equal to 1"),
+        "swarm_id": ("Big Swarm", "swarm_id: swarm id 'Big Swarm' may only contain"),
     }
     for field, (value, message) in bad.items():
         with pytest.raises(ValueError, match=message):

@@ -30,6 +30,7 @@ from typing import Any
 from node.swarm.gather import GatheredPacket, GatherResult
 from node.swarm.ledger import GatherLedger, KnownPeers
 from protocol.codec import Limits
+from protocol.keys import STALE_ROUNDS
 
 __all__ = ["ExchangeHub", "InProcessExchange"]
 
@@ -114,7 +115,7 @@ class InProcessExchange:
         *,
         deadline_s: float,
         expect_peers: int | None = None,
-        stale_rounds: int = 1,
+        stale_rounds: int = STALE_ROUNDS,
         exclude_peers: Collection[str] = (),
         **_limits: object,  # Swarm's byte and peer limits; nothing here is large enough to need them
     ) -> GatherResult:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from node.config import LOSS_CHOICES, NodeConfig
 from node.tasks import TASK_KINDS
@@ -161,15 +161,17 @@ class ExperimentConfig(BaseModel):
     lr_full: float | None = Field(
         1e-4, gt=0, description="Learning rate of full fine-tuning nodes (None: the trainer's 1e-6)."
     )
-    lora_rank: int = Field(8, ge=1)
-    is_cap: float = Field(2.0, ge=1, description="C, the cap of the truncated IS weight.")
-    kl_threshold: float | None = Field(None, gt=0, description="g [default: 50 for sum, 0.5 for mean].")
+    # Bounds of these and of swarm_id are the nodes' own: `_nodes_accept` builds each node's
+    # NodeConfig, so a value a node would refuse is refused here, under its experiment key.
+    lora_rank: int = 8
+    is_cap: float = Field(2.0, description="C, the cap of the truncated IS weight.")
+    kl_threshold: float | None = Field(None, description="g [default: 50 for sum, 0.5 for mean].")
     kl_reduction: Literal["sum", "mean"] = "sum"
     peer_share: float = Field(0.5, ge=0, le=1)
     engine: Literal["hf", "vllm"] = "hf"
     device: str = Field("cpu", description="Where each node's trainer and engine run (cuda on GPUs).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    swarm_id: str = Field("experiment", pattern=r"^[A-Za-z0-9][\w\-]*$")
+    swarm_id: str = "experiment"
     dht_check: bool = Field(False, description="Also run one short setting through real DHTs and compare.")
     dht_rounds: int = Field(3, ge=1, description="Rounds of the DHT check.")
     dht_variant: str = Field("f-tis", description="Variant of the DHT check (its pair is the first pair).")
@@ -243,6 +245,20 @@ class ExperimentConfig(BaseModel):
         names = [p.name for p in self.pairs]
         if len(set(names)) != len(names):
             raise ValueError(f"pair names repeat: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_accept(self) -> ExperimentConfig:
+        """Every node of every pair takes these settings (one source: NodeConfig's rules)."""
+        for pair in self.pairs:
+            for index in range(len(pair.nodes)):
+                try:
+                    _node_config(self, pair, index, self.variants[0], 0, self.rounds, Path("."), "dht", [])
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    key = ".".join(str(part) for part in first["loc"]) or "settings"
+                    msg = first["msg"].removeprefix("Value error, ")
+                    raise ValueError(f"{key}: {msg} (pair {pair.name!r}, node {index})") from None
         return self
 
     def lr_for(self, mode: str) -> float | None:

@@ -54,7 +54,7 @@ from node.swarm.record import MAX_RECORD_BYTES, RECORD_OVERHEAD_BYTES
 from node.swarm.shards import MAX_SHARDS
 from protocol.codec import Limits
 from protocol.errors import ProtocolError
-from protocol.keys import validate_swarm_id
+from protocol.keys import STALE_ROUNDS, validate_swarm_id
 
 __all__ = [
     "DEFAULT_PORT",
@@ -123,7 +123,9 @@ class SwarmConfig(BaseModel):
         description="Largest packet published or fetched; the codec's Limits.max_bytes, so both limits are one.",
     )
     max_total_bytes: int = Field(256 << 20, gt=0, description="Largest total of packets one gather holds.")
-    stale_rounds: int = Field(1, ge=0, description="A gather for round r also reads rounds r-1 .. r-stale_rounds.")
+    stale_rounds: int = Field(
+        STALE_ROUNDS, ge=0, description="A gather for round r also reads rounds r-1 .. r-stale_rounds."
+    )
     body_keep_rounds: int = Field(4, ge=1, description="Bodies are served for this many recent rounds.")
     body_store_max_bytes: int = Field(256 << 20, gt=0, description="Memory bound on served bodies.")
     # --- gather at scale
