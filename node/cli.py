@@ -17,7 +17,8 @@ from typer.core import TyperGroup
 from node import __version__
 from node.bench.attack import LR as ATTACK_LR
 from node.bench.attack import ROUNDS as ATTACK_ROUNDS
-from node.cli_options import Abort, ClickException, CliError, UsageError, with_config_options
+from node.cli_options import Abort, ClickException, CliError, UsageError, shown_default, with_config_options
+from node.config import LOSS_CHOICES
 
 
 class _Group(TyperGroup):
@@ -414,10 +415,10 @@ def demo(
     nodes: int = typer.Option(3, help="How many nodes (2-4; 5 with --with-smollm)."),
     rounds: int = typer.Option(20, min=1, help="Rounds each node plays before the demo ends."),
     round_seconds: float = typer.Option(6.0, min=1, help="Length of a round, in seconds."),
-    loss: str = typer.Option("f-tis", help="Loss variant for every node (see `join --help`)."),
+    loss: str = typer.Option("f-tis", help=f"Loss variant for every node. One of: {', '.join(LOSS_CHOICES)}."),
     with_smollm: bool = typer.Option(False, help="Add a node running the embedded SmolLM2-135M (slow on CPU)."),
     keep_running: bool = typer.Option(False, help="Run until Ctrl-C instead of stopping after --rounds."),
-    workdir: Path | None = typer.Option(None, help="Folder for logs and checkpoints [default: a temp folder]."),
+    workdir: Path | None = typer.Option(None, help=shown_default("Folder for logs and checkpoints.", "a temp folder")),
 ) -> None:
     """A local swarm of heterogeneous nodes on loopback, with a live table and a summary."""
     from node.demo import Demo
@@ -442,22 +443,38 @@ def demo(
 @app.command()
 def experiment(
     out: Path = typer.Argument(..., help="Folder for results.json, results.md and curves.png."),
-    config: Path | None = typer.Option(None, "--config", help="Experiment YAML, e.g. configs/paper-gpu.yaml."),
-    pair: list[str] = typer.Option([], "--pair", help="Pairs: size, expertise, full-lora (repeatable)."),
-    variant: list[str] = typer.Option([], "--variant", help="Loss variants, incl. alone (repeatable)."),
-    seed: list[int] = typer.Option([], "--seed", help="Seeds (repeatable)."),
-    rounds: int | None = typer.Option(None, min=1, help="Rounds per run."),
-    eval_every: int | None = typer.Option(None, min=1, help="Evaluate greedy pass@1 every k rounds."),
-    eval_problems: int | None = typer.Option(None, min=1, help="Problems per evaluation split."),
-    prompts_per_round: int | None = typer.Option(None, min=1, help="Own prompts per round."),
-    group_size: int | None = typer.Option(None, min=2, help="Completions per prompt (G)."),
-    max_tokens: int | None = typer.Option(None, min=1, help="Maximum completion tokens."),
-    lr_lora: float | None = typer.Option(None, help="Learning rate of LoRA nodes."),
-    lr_full: float | None = typer.Option(None, help="Learning rate of full fine-tuning nodes."),
-    kl_threshold: float | None = typer.Option(None, help="The filter's threshold g."),
-    kl_reduction: str | None = typer.Option(None, help="sum or mean."),
+    config: Path | None = typer.Option(
+        None, "--config", help="Experiment YAML, e.g. configs/paper-gpu.yaml; flags win over it."
+    ),
+    pair: list[str] = typer.Option(
+        [], "--pair", help=shown_default("Pairs: size, expertise, full-lora (repeatable).", "size")
+    ),
+    variant: list[str] = typer.Option(
+        [],
+        "--variant",
+        help=shown_default(f"Loss variants (repeatable). One of: {', '.join(LOSS_CHOICES)}.", "all seven"),
+    ),
+    seed: list[int] = typer.Option([], "--seed", help=shown_default("Seeds (repeatable).", "0 and 1")),
+    rounds: int | None = typer.Option(None, min=1, help=shown_default("Rounds per run.", 60)),
+    eval_every: int | None = typer.Option(
+        None, min=1, help=shown_default("Evaluate greedy pass@1 every k rounds.", 10)
+    ),
+    eval_problems: int | None = typer.Option(None, min=1, help=shown_default("Problems per evaluation split.", 128)),
+    prompts_per_round: int | None = typer.Option(None, min=1, help=shown_default("Own prompts per round.", 8)),
+    group_size: int | None = typer.Option(None, min=2, help=shown_default("Completions per prompt (G).", 8)),
+    max_tokens: int | None = typer.Option(None, min=1, help=shown_default("Maximum completion tokens.", 12)),
+    lr_lora: float | None = typer.Option(None, help=shown_default("Learning rate of LoRA nodes.", 0.002)),
+    lr_full: float | None = typer.Option(None, help=shown_default("Learning rate of full fine-tuning nodes.", 0.0001)),
+    kl_threshold: float | None = typer.Option(
+        None, help=shown_default("The filter's threshold g.", "50 for sum, 0.5 for mean")
+    ),
+    kl_reduction: str | None = typer.Option(
+        None, help=shown_default("kl_i summed or averaged over tokens. One of: sum, mean.", "sum")
+    ),
     dht_check: bool | None = typer.Option(
-        None, "--dht-check/--no-dht-check", help="Also run one setting through real DHTs and compare."
+        None,
+        "--dht-check/--no-dht-check",
+        help=shown_default("Also run one setting through real DHTs and compare.", "no"),
     ),
     plot: bool = typer.Option(True, help="Draw curves.png."),
 ) -> None:

@@ -26,7 +26,7 @@ try:  # newer typers carry their own copy of click; older ones use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, UsageError
 
-__all__ = ["Abort", "ClickException", "CliError", "UsageError", "with_config_options"]
+__all__ = ["Abort", "ClickException", "CliError", "UsageError", "shown_default", "with_config_options"]
 
 # Help panels, in the order of NodeConfig's sections (the first field of each opens it).
 PANELS = {
@@ -79,6 +79,12 @@ def default_text(field: FieldInfo) -> str | None:
     return str(default).lower() if isinstance(default, bool) else str(default)
 
 
+def shown_default(text: str, default: object) -> str:
+    """Help text with its default, escaped so that rich keeps it (for options whose typer
+    default is None because the real one is chosen later)."""
+    return text + escape(f" [default: {default}]")
+
+
 def option_help(name: str, field: FieldInfo) -> str:
     """Description, where else the setting can be given, and its default (escaped: typer
     renders help as rich markup, which would eat a bare `[default: ...]`)."""
@@ -87,7 +93,7 @@ def option_help(name: str, field: FieldInfo) -> str:
         text += f" One of: {', '.join(choices)}."
     text += f" (env {env_name(name)}, yaml {name})"
     shown = default_text(field)
-    return text + (escape(f" [default: {shown}]") if shown is not None else "")
+    return shown_default(text, shown) if shown is not None else text
 
 
 def _flag_names(name: str, flag_type: Any) -> list[str]:

@@ -9,6 +9,7 @@ its settings, run at the same time (so a busy machine slows both alike).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -242,6 +243,40 @@ def test_help_and_version(tmp_path):
         assert "[default:" in param.help, param.name
     for command in ("train", "demo", "export", "experiment"):
         assert runner.invoke(app, [command, "-h"]).exit_code == 0, command
+
+
+def _commands(group, path=()):
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_option_of_every_command_shows_its_default():
+    """No help text lost to rich markup ("Folder ." was "Folder [default: x]."), and an option
+    whose typer default is None names the default it ends up with."""
+    import click
+    from typer.main import get_command
+
+    from node.experiment.runner import ExperimentConfig
+
+    runner = CliRunner()
+    for path, command in _commands(get_command(app)):
+        text = " ".join(runner.invoke(app, [*path, "-h"], env={"COLUMNS": "240"}).output.split())
+        assert not re.search(r"\w \.(?!\.)", text), (path, text)
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.name == "help" or param.required:
+                continue
+            shown = param.show_default is not False and param.default not in (None, [], ())
+            assert shown or "[default:" in (param.help or ""), (path, param.name)
+    experiment = dict(_commands(get_command(app)))[("experiment",)]
+    for param in experiment.params:  # the defaults it names are the ones it runs with
+        field = ExperimentConfig.model_fields.get(param.name)
+        if field is not None and isinstance(field.default, (int, float)) and not isinstance(field.default, bool):
+            assert f"[default: {field.default:g}]" in param.help, param.name
 
 
 def test_hub_alias_loads_fast_when_the_hub_is_down(monkeypatch, tmp_path):
