@@ -181,6 +181,13 @@ function drawProgress() {
   $("progress-text").textContent = text;
 }
 
+// What the node warns about its last round (nothing to learn from, an overrun bucket).
+function drawNotices(s) {
+  const notices = Array.isArray(s.notices) ? s.notices : [];
+  $("notices").replaceChildren(...notices.map(n => el("div", { class: "notice" }, String(n))));
+  $("notices").hidden = notices.length === 0;
+}
+
 function tile(label, value, sub, cls) {
   return el("div", { class: "tile" }, el("div", { class: "label" }, label), el("div", { class: "value " + (cls || "") }, value), el("div", { class: "sub" }, sub || "\u00a0"));
 }
@@ -328,7 +335,7 @@ async function refresh() {
     }
     state.error = "";
     state.lastOk = Date.now() / 1000;
-    drawHeader(s); drawProgress(); drawTiles(s); drawPeers(s); drawSwarm(s); drawRejections(s); drawNode(s);
+    drawHeader(s); drawProgress(); drawNotices(s); drawTiles(s); drawPeers(s); drawSwarm(s); drawRejections(s); drawNode(s);
   } catch (e) {
     state.error = String(e.message || e);
   }

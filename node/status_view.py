@@ -161,6 +161,8 @@ def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> 
     title.append(f"   round {n} of this run{bucket}" if n else "   no round yet")
     parts.append(title)
     parts.append(Text(progress_line(s), style="dim"))
+    for notice in s.get("notices") or []:
+        parts.append(Text(f"warning: {safe(notice, 400)}", style="yellow"))
     if error:
         parts.append(Text(f"unreachable: {safe(error, 300)} (showing the last answer; retrying)", style="bold red"))
     parts.append(_summary(s, history, wide))

@@ -173,4 +173,5 @@ class TrustBook:
                 else:
                     peer.clean_rounds = 0
                 if peer.state == "probation" and peer.clean_rounds >= cfg.probation_rounds:
-                    peer.state, peer.reason = "trusted", f"{peer.clean_rounds} clean rounds"
+                    screened = f"{cfg.clean_fraction:.0%}"  # trust looks at screening only, not at off-task packets
+                    peer.state, peer.reason = "trusted", f"{peer.clean_rounds} rounds with at most {screened} screened"

@@ -58,7 +58,11 @@ def main() -> None:
         while True:
             r = swarm.current_round()
             if r != last:
-                reply(event="published", round=r, ok=swarm.publish(r, bad_packet(swarm.peer_id, config.swarm_id, r)))
+                reply(
+                    event="published",
+                    round=r,
+                    ok=swarm.publish(r, bad_packet(swarm.peer_id, config.swarm_id, r), model=MODEL),
+                )
                 last = r
             time.sleep(0.2)
     except KeyboardInterrupt:

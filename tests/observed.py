@@ -15,7 +15,7 @@ def fill_status(status: NodeStatus, rounds: int = 3, first_bucket: int = 1000) -
     status.set(peer_id="12D3KooWThisNode", join_addrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWThisNode"], round_seconds=8.0)
     for i in range(rounds):
         r = first_bucket + i
-        status.set_phase("generating", r)
+        status.set_phase("generating", r, round_in_run=i + 1)
         status.round_io(bytes_published=1000 + i)
         status.set_phase("gathering", r)
         if i == 1:
@@ -35,6 +35,8 @@ def fill_status(status: NodeStatus, rounds: int = 3, first_bucket: int = 1000) -
             )
             status.peer_rewards(pid, [reward] * 8)
         status.reject(PEER_L, "foreign_task", f"task id {MARKUP!r} is not of task 'toy'", count=2)
+        status.peer_update(PEER_M, screened={"implausible": i + 1}, trust="trusted")  # what the screen dropped so far
+        status.peer_update(PEER_L, trust="probation")
         status.set_phase("training", r)
         for pid in (PEER_M, PEER_L):
             status.peer_update(pid, samples_used=4)
@@ -76,5 +78,5 @@ def fill_status(status: NodeStatus, rounds: int = 3, first_bucket: int = 1000) -
             ),
             adapter_version=f"adapter{i}",
         )
-    status.set_phase("generating", first_bucket + rounds)
+    status.set_phase("generating", first_bucket + rounds, round_in_run=rounds + 1)
     return status

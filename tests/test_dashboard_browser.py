@@ -193,6 +193,14 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             assert own == n and peer == rounds_with_b, (own, peer, n, rounds_with_b)
         for chart in ("chart-admitted", "chart-used", "chart-is", "chart-capped", "chart-ess", "chart-filtered"):
             assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg .tick"), f"{chart} has no axis ticks"
+        if n == len(history):  # the off-policy charts: one point per round that trained on b
+            offpolicy = [((r.get("peers") or {}).get(b_id) or {}).get("offpolicy") or {} for r in history]
+            rounds_b_trained = sum(1 for o in offpolicy if o.get("is_weight_mean") is not None)
+            is_points = driver.find_elements(By.CSS_SELECTOR, f'#chart-is g[data-series="{b_id}"] circle')
+            assert rounds_b_trained >= 1 and len(is_points) == rounds_b_trained, (len(is_points), rounds_b_trained)
+        # The phase pill and the progress line say where the round is.
+        phase = driver.find_element(By.ID, "phase").text
+        assert phase and phase.split()[0] in driver.find_element(By.ID, "progress-text").text
         assert driver.find_elements(By.CSS_SELECTOR, f'#chart-used g[data-series="{b_id}"] rect')
         legend = driver.find_element(By.CSS_SELECTOR, "#chart-reward .legend").text
         assert "own (tiny-s)" in legend and b_id[-6:] in legend
@@ -205,6 +213,10 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         row = driver.find_element(By.CSS_SELECTOR, f'#peers-table tr[data-peer="{b_id}"]')
         assert "tiny-s" in row.text
         assert driver.find_elements(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{b_id}"]')
+        # The swarm view lists the bad peer too, a peer a never trained on, with its model as text.
+        assert bad_id in {p["peer_id"] for p in httpx.get(a_url + "/swarm", timeout=5).json()["peers"]}
+        bad_swarm_row = driver.find_element(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{bad_id}"]')
+        assert MODEL in bad_swarm_row.text
 
         # The bad peer's markup is on the page as text, and nowhere as an element.
         detail = driver.find_element(By.CSS_SELECTOR, '#rejections tr[data-reason="foreign_task"] td.detail')
@@ -218,8 +230,14 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         assert not errors, errors
 
         # /metrics of the same node agrees with what the page drew.
-        metrics = httpx.get(a_url + "/metrics", timeout=5).text
-        assert f'ftis_peer_samples_used_total{{peer="{b_id}"}}' in metrics
+        for _ in range(10):  # read between two rounds, so both answers describe the same one
+            before = _status(a_url)
+            metrics = httpx.get(a_url + "/metrics", timeout=5).text
+            if _status(a_url)["rounds_done"] == before["rounds_done"]:
+                break
+        used_line = f'ftis_peer_samples_used_total{{peer="{b_id}"}} '
+        scraped = [line for line in metrics.splitlines() if line.startswith(used_line)]
+        assert scraped and float(scraped[0].split()[-1]) == before["peers"][b_id]["samples_used"] > 0
         assert f'ftis_rejected_total{{peer="{bad_id}",reason="foreign_task"}}' in metrics
 
         height = driver.execute_script("return document.documentElement.scrollHeight")
@@ -248,3 +266,30 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
     _wait(lambda: not (_p2pd_pids() - p2pd_before), 30, "every p2pd to exit", tmp_path)
+
+
+@pytest.mark.timeout(180)
+def test_the_nodes_warnings_show_on_the_page_as_text(tmp_path):
+    """A round's notices (no learning signal, an overrun bucket) are on the page, escaped."""
+    ensure_chromium()
+    from selenium.webdriver.common.by import By
+
+    from node.api import ApiServer
+    from node.status import NodeStatus
+    from tests.observed import fill_status
+
+    status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=2)
+    notices = ["no learning signal: all rewards equal (every sample in every group scored 0)", f"odd {MARKUP}"]
+    status.set(notices=notices)
+    server = ApiServer(status, host="127.0.0.1", port=0).start()
+    driver = _browser(tmp_path, 1280, 800)
+    try:
+        driver.get(server.url + "/")
+        _wait(lambda: driver.find_element(By.ID, "notices").is_displayed(), 20, "the notices", tmp_path)
+        shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#notices .notice")]
+        assert shown == notices and driver.find_elements(By.TAG_NAME, "img") == []
+        status.set(notices=[])  # the next round had nothing to say: the box goes away
+        _wait(lambda: not driver.find_element(By.ID, "notices").is_displayed(), 20, "the notices to clear", tmp_path)
+    finally:
+        driver.quit()
+        server.stop()

@@ -45,6 +45,7 @@ def test_metrics_agree_with_status(node):
 
     assert value(m, "ftis_round") == s["round"] == 1003
     assert value(m, "ftis_rounds_done_total") == s["rounds_done"] == 3
+    assert value(m, "ftis_round_in_run") == s["round_in_run"] == 4
     assert value(m, "ftis_phase", phase="generating") == 1 and value(m, "ftis_phase", phase="training") == 0
     assert value(m, "ftis_reward_mean") == pytest.approx(last["reward_mean"])
     assert value(m, "ftis_own_samples_total") == s["totals"]["own_samples"] == 48
@@ -71,6 +72,13 @@ def test_metrics_agree_with_status(node):
         assert value(m, "ftis_peer_ess", peer=pid) == pytest.approx(peer["offpolicy"]["ess"])
         assert value(m, "ftis_peer_frac_filtered", peer=pid) == pytest.approx(peer["offpolicy"]["frac_filtered"])
         assert value(m, "ftis_peer_kl", peer=pid, quantile="0.5") == pytest.approx(peer["offpolicy"]["kl_p50"])
+        assert value(m, "ftis_peer_is_frac_capped", peer=pid) == pytest.approx(peer["offpolicy"]["frac_capped"])
+        assert value(m, "ftis_peer_trust", peer=pid, state=peer["trust"]) == 1
+    assert (
+        value(m, "ftis_screened_total", reason="implausible", peer=PEER_M)
+        == s["peers"][PEER_M]["screened"]["implausible"]
+        == 3
+    )
     assert (
         value(m, "ftis_rejected_total", reason="foreign_task", peer=PEER_L)
         == s["peers"][PEER_L]["rejected"]["foreign_task"]

@@ -31,6 +31,7 @@ def served():
     status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=3)
     # A peer's detail that would style, or clear, a terminal if printed as markup or raw.
     status.reject(PEER_M, "bad_task_id", "task id '[bold red]boom[/]' \x1b[2J\x07 is not a number")
+    status.set(notices=["no learning signal: all rewards equal (every sample in every group scored 0)"])
     server = ApiServer(status, host="127.0.0.1", port=0).start()
     yield status, server
     server.stop()
@@ -44,6 +45,7 @@ def test_status_shows_round_phase_reward_peers_and_rejections(served):
     assert "ftis-node · n1" in text and "generating" in text
     assert "round 4 of this run (DHT bucket 1003)" in text
     assert "0.300" in text  # the last round's own reward
+    assert "warning: no learning signal: all rewards equal" in text
     for pid in (PEER_M, PEER_L):
         assert "…" + pid[-6:] in text
     assert "tiny-m" in text and "tiny-l" in text

@@ -265,6 +265,7 @@ def test_excluded_peers_are_skipped_not_judged(net):
     b, c = peers["B"].peer_id, peers["C"].peer_id
     res = a.gather(rnd, deadline_s=15, expect_peers=2, exclude_peers={b})
     assert res.peers == {c} and res.skipped == 1 and res.rejected == {}
+    assert {p["peer_id"] for p in a.known_peers()} >= {b, c}  # a quarantined peer stays in the swarm view
     # not judged: once the exclusion is lifted the packet is delivered
     assert a.gather(rnd, deadline_s=15, expect_peers=1).peers == {b}
     view = {p["peer_id"]: p for p in a.known_peers()}

@@ -286,10 +286,12 @@ class GatherRun:
             self._reject(r, peer, content, RejectReason.ROUND_MISMATCH)
         elif shard_of(peer, record.shards) != shard:
             self._reject(r, peer, content, RejectReason.WRONG_SHARD)
-        elif peer in self.plan.exclude:
-            self.skipped.add((r, peer))
         else:
+            # A quarantined peer is still in the swarm view; its packet is just not fetched.
             self.known.saw(peer, round=r, model=record.model, adapter_version=record.adapter, size=record.size)
+            if peer in self.plan.exclude:
+                self.skipped.add((r, peer))
+                return
             if r == self.plan.round:
                 self.writer_shards[peer] = record.shards
             reason = self.ledger.verdict(r, peer, content)
