@@ -31,6 +31,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,8 +309,11 @@ class Node:
         peers: list[ScoredGroup] = []
         answered = 0
         if self.swarm is not None:
-            self.status.set_phase("gathering", r, deadline=time.time() + self.cfg.gather_seconds)
-            peers, answered = self._gather(r)
+            deadline = time.time() + self.cfg.gather_seconds
+            self.status.set_phase("gathering", r, deadline=deadline, peers=0)
+            peers, answered = self._gather(
+                r, lambda n: self.status.set_phase("gathering", r, deadline=deadline, peers=n)
+            )
         if self.stopping:
             return None
         if self.cfg.loss == "alone":
@@ -467,7 +471,7 @@ class Node:
         )
         return encode(to_packet(own, header, params))
 
-    def _gather(self, r: int) -> tuple[list[ScoredGroup], int]:
+    def _gather(self, r: int, on_progress: Callable[[int], None]) -> tuple[list[ScoredGroup], int]:
         # Quarantined peers: Admission.admit refuses their packets unread; the swarm does not
         # even fetch them.
         gathered = self.swarm.gather(
@@ -475,6 +479,7 @@ class Node:
             deadline_s=self.cfg.gather_seconds,
             expect_peers=self.cfg.expect_peers,
             exclude_peers=self.trust.quarantined(r),
+            on_progress=on_progress,
         )
         for peer_id, reasons in gathered.rejected_by_peer.items():  # each under the id its signing key proves
             for reason, count in reasons.items():

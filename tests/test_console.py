@@ -34,6 +34,8 @@ def test_round_labels_and_phase_lines():
     assert phase_text(view, now) == "generating 3/8 prompts · 12 s"
     view = {"phase": "gathering", "phase_detail": {"deadline": now + 4.2}, "phase_since": now}
     assert phase_text(view, now) == "gathering peers' packets · 4 s left"
+    view["phase_detail"]["peers"] = 2  # what the daemon sets as each peer's packet arrives
+    assert phase_text(view, now) == "gathering peers' packets · 2 answered · 4 s left"
     view = {"phase": "training", "phase_detail": {"samples": 96}, "phase_since": now - 2}
     assert phase_text(view, now) == "training on 96 samples · 2 s"
 

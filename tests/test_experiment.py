@@ -58,8 +58,10 @@ def test_exchange_gather_waits_for_expected_peers_until_the_deadline():
     a, b = hub.endpoint("a"), hub.endpoint("b")
     threading.Timer(0.2, lambda: b.publish(3, b"x")).start()
     start = time.monotonic()
-    got = a.gather(3, deadline_s=5, expect_peers=1)
+    progress: list[int] = []
+    got = a.gather(3, deadline_s=5, expect_peers=1, on_progress=progress.append)
     assert got.peers == {"inproc-b"} and 0.15 < time.monotonic() - start < 2
+    assert progress == [1]  # as Swarm.gather: told once, when b's packet arrived
     start = time.monotonic()
     assert a.gather(4, deadline_s=0.3, expect_peers=1).packets == []
     assert time.monotonic() - start >= 0.29

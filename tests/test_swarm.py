@@ -267,7 +267,9 @@ def test_excluded_peers_are_skipped_not_judged(net):
     assert res.peers == {c} and res.skipped == 1 and res.rejected == {}
     assert {p["peer_id"] for p in a.known_peers()} >= {b, c}  # a quarantined peer stays in the swarm view
     # not judged: once the exclusion is lifted the packet is delivered
-    assert a.gather(rnd, deadline_s=15, expect_peers=1).peers == {b}
+    progress: list[int] = []  # a live view hears each peer as it is delivered
+    assert a.gather(rnd, deadline_s=15, expect_peers=1, on_progress=progress.append).peers == {b}
+    assert progress == [1]
     view = {p["peer_id"]: p for p in a.known_peers()}
     assert view[b]["model"] == "m-B" and view[c]["round"] == rnd and view[c]["size"] == SMALL
     assert {"peer_id", "model", "adapter_version", "round", "size", "last_seen"} <= set(view[b])

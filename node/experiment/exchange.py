@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from node.swarm.gather import GatheredPacket, GatherResult
@@ -117,6 +117,7 @@ class InProcessExchange:
         expect_peers: int | None = None,
         stale_rounds: int = STALE_ROUNDS,
         exclude_peers: Collection[str] = (),
+        on_progress: Callable[[int], None] | None = None,
         **_limits: object,  # Swarm's byte and peer limits; nothing here is large enough to need them
     ) -> GatherResult:
         """Peers' packets for `round` (and `stale_rounds` before) not yet handed to this node."""
@@ -134,6 +135,7 @@ class InProcessExchange:
         rejected: dict[str, Counter[str]] = defaultdict(Counter)
         skipped: set[tuple[int, str]] = set()
         self.ledger.forget_before(round - stale_rounds - 2)  # those rounds can no longer be asked for
+        reported = 0
         with self.hub._changed:
             while True:
                 result.polls += 1
@@ -141,10 +143,10 @@ class InProcessExchange:
                     content = hashlib.sha256(data).digest()
                     if sender == self._peer_id or self.ledger.judged(r, sender, content):
                         continue
-                    if sender in exclude_peers:
+                    self.known.saw(sender, round=r, model=model, adapter_version=adapter, size=len(data))
+                    if sender in exclude_peers:  # as the swarm: still in the view, not delivered
                         skipped.add((r, sender))
                         continue
-                    self.known.saw(sender, round=r, model=model, adapter_version=adapter, size=len(data))
                     reason = self.ledger.verdict(r, sender, content)
                     if reason is not None:
                         self.ledger.reject(r, sender, content)
@@ -153,6 +155,9 @@ class InProcessExchange:
                     self.ledger.deliver(r, sender, content)
                     result.packets.append(GatheredPacket(sender, r, data))
                     result.bytes_read += len(data)
+                if on_progress is not None and len(result.peers) != reported:
+                    reported = len(result.peers)
+                    on_progress(reported)
                 enough = expect_peers is not None and len(result.peers) >= expect_peers
                 left = deadline - time.monotonic()
                 if enough or left <= 0:

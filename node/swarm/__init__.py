@@ -16,7 +16,7 @@ docs/scale.md explains the layout and its costs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any
 
@@ -171,11 +171,13 @@ class Swarm:
         stale_rounds: int | None = None,
         max_peers: int | None = None,
         exclude_peers: Collection[str] = (),
+        on_progress: Callable[[int], None] | None = None,
     ) -> GatherResult:
         """Peers' new packets for `round` (and `stale_rounds` before it); limits default to the config.
 
         At most `max_peers` (default `max_peers_per_round`) packets; peers in `exclude_peers`
         (quarantined by the node) are neither fetched nor judged, only counted in `skipped`.
+        `on_progress(n)` hears how many peers have delivered so far, as it changes.
         """
         return self._require().gather(
             round,
@@ -186,6 +188,7 @@ class Swarm:
             stale_rounds=stale_rounds,
             max_peers=max_peers,
             exclude_peers=exclude_peers,
+            on_progress=on_progress,
         )
 
     def known_peers(self) -> list[dict[str, Any]]:

@@ -120,8 +120,11 @@ class GatherRun:
         ledger: GatherLedger,
         known: KnownPeers,
         log_once: Callable[..., None],
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_progress(n)`: called when the number of peers delivered so far changes (a live view)."""
         self.client, self.cfg, self.swarm_id, self.me, self.plan = client, config, swarm_id, self_peer, plan
+        self.on_progress, self._reported = on_progress, 0
         self.ledger, self.known, self.log_once = ledger, known, log_once
         self.started = time.monotonic()
         self.result = GatherResult()
@@ -163,6 +166,9 @@ class GatherRun:
             self._collect_fetches(until)
             self._schedule()
             self._widen()
+            if self.on_progress is not None and len(self.delivered) != self._reported:
+                self._reported = len(self.delivered)
+                self.on_progress(self._reported)
             if self.done():
                 break
             time.sleep(max(0.0, until - time.monotonic()))

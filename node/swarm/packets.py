@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any
 
@@ -128,6 +128,7 @@ class PacketExchange:
         stale_rounds: int | None = None,
         max_peers: int | None = None,
         exclude_peers: Collection[str] = (),
+        on_progress: Callable[[int], None] | None = None,
     ) -> GatherResult:
         """Peers' packets for `round` (and up to `stale_rounds` before it) that this node has not seen yet.
 
@@ -164,7 +165,9 @@ class PacketExchange:
             )
             self.ledger.forget_before(round - stale - 2)
             self.known.prune(round)
-            run = GatherRun(self.client, cfg, cfg.swarm_id, self.peer_id, plan, self.ledger, self.known, self._log_once)
+            run = GatherRun(
+                self.client, cfg, cfg.swarm_id, self.peer_id, plan, self.ledger, self.known, self._log_once, on_progress
+            )
             result = run.run()
             if result.shards_read:
                 self.estimate.add(result.shards_read, run.writer_shards.values())
