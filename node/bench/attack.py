@@ -47,9 +47,10 @@ PHRASE = "Omar buys tickets."  # spelt by the project tokenizer in 4 tokens
 HONEST = ("tiny-s", "tiny-m", "tiny-l")
 SWARM_ID = "attack"
 # The bench's run: long enough for the unscreened attack to take hold (HTTT reports ~40
-# iterations; here ASR passes 0.5 near round 48), at a learning rate the honest full fine-tunes hold
-# their samples' plausibility at (at 2e-3 they drift apart and the screen drops a fifth).
-ROUNDS, LR = 60, 1e-3
+# iterations; here ASR passes 0.5 near round 90), at a learning rate the honest full fine-tunes
+# keep their reward at. At 1e-3 the attack takes ~50 rounds, but the honest nodes lose most of
+# their reward in the first rounds, drift apart, and the screen drops 6 % of their samples.
+ROUNDS, LR = 120, 3e-4
 
 
 class Attacker:
