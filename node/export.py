@@ -108,6 +108,12 @@ def _card(status: dict[str, Any], meta: Any, base_id: str, merged: bool, mode: s
             "",
             f"vLLM: `LLM(model={base_path}, enable_lora=True)` and `LoRARequest('ftis', 1, OUT)`.",
         ]
+        if base_id == BASE_DIR:  # a relative id: peft resolves it from the working directory
+            lines += [
+                "",
+                "`AutoPeftModelForCausalLM.from_pretrained(OUT)` reads the base id `./base` relative to the",
+                "current folder: run it from inside OUT, or load the base first as above.",
+            ]
     else:
         lines += [
             "model = AutoModelForCausalLM.from_pretrained(OUT)",
