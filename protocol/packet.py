@@ -46,7 +46,7 @@ __all__ = [
     "logprob_problem",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the sharded DHT layout (CHANGELOG.md)
 MAX_NAME_CHARS = 256  # bound on every identifier string (ids, hashes, fingerprints)
 # Sampling log-probs are <= 0 mathematically, but an engine's float arithmetic can land a
 # hair above zero for a near-certain token; that is noise, not a bad packet.

@@ -327,10 +327,10 @@ def test_reject_bad_versions() -> None:
     data = bytearray(encode(make_packet()))
     data[4] = FORMAT_VERSION + 1
     rejects(bytes(data), "bad_version")
-    future_header = PacketHeader(**{**make_header().model_dump(), "protocol_version": 2})
+    future_header = PacketHeader(**{**make_header().model_dump(), "protocol_version": 3})
     future = make_packet().model_copy(update={"header": future_header})
     err = rejects(encode(future), "bad_version")
-    assert "protocol version 2" in err.reason
+    assert "protocol version 3" in err.reason
     with pytest.raises(ProtocolError) as info:
         peek_header(encode(future))
     assert info.value.code == "bad_version"

@@ -260,7 +260,7 @@ def _edit_header(rng: random.Random, data: bytes) -> bytes:
         "sender_peer_id": ["QmSomeoneElse", "", "p" * 257],
         "tokenizer_fingerprint": ["sha256:another-tokenizer", ""],
         "vocab_size": [1, 2, 256, 65_536, 65_537, 100_000, 2**32, 2**32 + 1, 0],
-        "protocol_version": [0, 2, 255, True, 1.0],
+        "protocol_version": [0, 1, 3, 255, True, 2.0],
         "created_at": [-1.0, math.inf, math.nan, 0, 2**64 - 1, 1e300],
     }
     options = edits.get(key)
