@@ -310,10 +310,12 @@ class Node:
         answered = 0
         if self.swarm is not None:
             deadline = time.time() + self.cfg.gather_seconds
-            self.status.set_phase("gathering", r, deadline=deadline, peers=0)
-            peers, answered = self._gather(
-                r, lambda n: self.status.set_phase("gathering", r, deadline=deadline, peers=n)
-            )
+
+            def answered_so_far(n: int) -> None:
+                self.status.set_phase("gathering", r, deadline=deadline, peers=n)
+
+            answered_so_far(0)
+            peers, answered = self._gather(r, answered_so_far)
         if self.stopping:
             return None
         if self.cfg.loss == "alone":
