@@ -148,12 +148,14 @@ def test_usage_errors_are_one_line_too():
 # ---------------------------------------------------------------- through the real CLI
 
 
-def _cli(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+def _cli(
+    args: list[str], env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess, float]:
     env = (os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}) | (env or {})
     env = {k: v for k, v in env.items() if v is not None}
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300, env=env
+        [*prefix, sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300, env=env
     )
     return done, time.monotonic() - start
 
@@ -214,6 +216,23 @@ def test_machine_mistakes_fail_fast_with_one_error_line(tmp_path):
         assert expected[name] in lines[0], (name, lines[0])
         assert "Traceback" not in done.stderr, (name, done.stderr[-2000:])
         assert seconds < 10 + 1.5 * baseline, (name, seconds, baseline)
+
+
+def test_a_read_only_mount_as_data_dir_is_one_error_line(tmp_path):
+    """A real read-only file system (a tmpfs mounted ro in a user and mount namespace of our
+    own): permission bits cannot stand in for it, since the tests run as root."""
+    if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("this machine allows no user namespaces (unshare --user fails)")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    in_read_only_mount = (
+        "unshare", "--user", "--map-root-user", "--mount",
+        "sh", "-c", f'mount -t tmpfs -o ro ftis-ro "{mount}" && exec "$@"', "sh",
+    )  # fmt: skip
+    done, _ = _cli(["train", "--rounds", "1", "--data-dir", str(mount / "node")], prefix=in_read_only_mount)
+    lines = _error_lines(done.stderr)
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert "cannot write there (Read-only file system)" in lines[0] and "--data-dir" in lines[0]
 
 
 def test_help_and_version(tmp_path):
