@@ -79,7 +79,7 @@ class Node:
         self.use_swarm = use_swarm and exchange is None
         self.on_round = on_round  # callback(RoundResult), e.g. the CLI's progress line
         self.on_ready = on_ready  # callback(Node) once the swarm and API are up
-        self.status = NodeStatus(name=cfg.name, model=cfg.model, task=cfg.task, loss=cfg.loss)
+        self.status = NodeStatus(name=cfg.name, model=cfg.model, task=cfg.task or "", loss=cfg.loss)
         self.status.set(swarm_id=cfg.swarm_id if self.use_swarm else None)
         self._stop = threading.Event()
         self.swarm = exchange
@@ -104,7 +104,7 @@ class Node:
             import torch
 
             torch.set_num_threads(cfg.threads)
-        self.task = get_task(cfg.task)
+        given_task = get_task(cfg.task) if cfg.task is not None else None  # a bad spec fails before the load
         if self.use_swarm:  # first, so a bad --swarm fails before minutes of model loading
             self._start_swarm()
         self.status.set_phase("loading model")
@@ -121,6 +121,8 @@ class Node:
         # Instruct models (a chat template) get their own defaults; flags given win.
         has_template = bool(getattr(self.tokenizer, "chat_template", None))
         self.generation = cfg.generation(has_template)
+        self.task = given_task or get_task(self.generation.task)
+        self.status.set(task=self.generation.task)
         self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
         from node.train.checkpoint import CheckpointWriter
@@ -588,7 +590,7 @@ class Node:
         next round waits for it before it is recorded); else write it now.
         """
         job = self.trainer.checkpoint_job(
-            self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.cfg.task}, snapshot=background
+            self.ckpt_dir, r, extra={"model": self.cfg.model, "task": self.generation.task}, snapshot=background
         )
         self.checkpoints.wait()
         if background:

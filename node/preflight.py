@@ -91,7 +91,8 @@ def check_all(cfg: NodeConfig, *, use_swarm: bool) -> NodeConfig:
     if use_swarm:
         check_port(cfg.host, cfg.port, "DHT", flag_name("port"))
     try:
-        get_task(cfg.task)
+        if cfg.task is not None:  # else the model's default task, one of two known-good specs
+            get_task(cfg.task)
         check_model(cfg)
     except ModelLoadError as err:
         raise PreflightError(str(err)) from None

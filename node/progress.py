@@ -95,7 +95,7 @@ class RoundPrinter:
         self._node = node
         self._stop.clear()
         if self.console.is_terminal:
-            self._live = self.console.status("")
+            self._live = self.console.status(f"[bold]{escape(self.config.name)}[/] starting the rounds")
             self._live.start()
         self._ticker = threading.Thread(target=self._tick, name="ftis-progress", daemon=True)
         self._ticker.start()
@@ -147,8 +147,9 @@ class RoundPrinter:
         gen = getattr(node, "generation", None)
         if gen is not None:
             self.console.print(
-                f"sampling: temperature {gen.temperature}, up to {gen.max_tokens} tokens, "
-                f"chat template {'on' if gen.chat_template else 'off'}"
+                f"task {gen.task}; sampling: temperature {gen.temperature}, up to {gen.max_tokens} tokens, "
+                f"chat template {'on' if gen.chat_template else 'off'}",
+                soft_wrap=True,
             )
         sys.stdout.flush()
 

@@ -4,6 +4,7 @@ notices for a round with nothing to learn or a round longer than its bucket."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 
@@ -16,6 +17,7 @@ from node.config import NodeConfig
 from node.daemon import Node
 from node.progress import phase_text, round_label
 from node.status import NodeStatus
+from node.tasks import get_task
 
 
 def _config(tmp_path, **kw) -> NodeConfig:
@@ -106,6 +108,7 @@ def test_chat_template_is_applied_alike_to_own_and_peers_prompts(tmp_path):
     node = Node(_config(tmp_path, model=str(folder), rounds=1), use_swarm=False).setup()
     try:
         assert node.generation.chat_template and node.generation.max_tokens == 64
+        assert node.task.name.startswith("gym:chain_sum") and node.status.info["task"] == node.generation.task
         own = node.rollout(0)
         text = node.tokenizer.decode(own[0].prompt_ids)
         assert text.startswith("user: State the final answer") and text.endswith("assistant: ")
@@ -138,5 +141,65 @@ def test_generation_defaults_follow_the_model_and_flags_win(has_template):
     gen = cfg.generation(has_template)
     assert gen.chat_template is has_template
     assert (gen.max_tokens, gen.temperature) == ((64, 0.7) if has_template else (32, 1.0))
-    given = NodeConfig(api_port=None, max_tokens=12, temperature=1.3).generation(has_template)
-    assert (given.max_tokens, given.temperature) == (12, 1.3)
+    # an instruct model gets sums it can sometimes get right (SmolLM2-135M scores 0 on toy)
+    assert gen.task == ("gym:chain_sum?max_terms=2&max_digits=1" if has_template else "toy")
+    get_task(gen.task)
+    given = NodeConfig(api_port=None, max_tokens=12, temperature=1.3, task="toy:add").generation(has_template)
+    assert (given.max_tokens, given.temperature, given.task) == (12, 1.3, "toy:add")
+
+
+SPINNER_FRAMES = set("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")  # rich's "dots", the spinner `Console.status` draws
+
+
+def _run_in_terminal(args: list[str], tmp_path) -> str:
+    """The bytes a terminal receives from the real `ftis-node` (stdout is a pty, 250 columns)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = os.environ | {"COLUMNS": "250", "LINES": "50", "TERM": "xterm", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks)[-3000:]
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.mark.timeout(400)
+def test_a_terminal_sees_one_spinner_at_a_time(tmp_path):
+    """Preparing the model, loading it and every phase of the rounds share one live line.
+    Two live displays at once make rich draw two lines and move the cursor up between them
+    (ESC [1A), which a terminal shows as two flickering spinners."""
+    screen = _run_in_terminal(
+        ["train", "--model", "tiny-s", "--rounds", "2", "--prompts-per-round", "2", "--group-size", "4",
+         "--threads", "1", "--data-dir", str(tmp_path / "node")],
+        tmp_path,
+    )  # fmt: skip
+    # A live display hides the cursor while it runs and shows it when it stops; inside one, the
+    # cursor never moves up. (At its stop rich moves up once to erase the line: that is outside.)
+    hide, show = "\x1b[?25l", "\x1b[?25h"
+    sessions = [chunk.split(show)[0] for chunk in screen.split(hide)[1:]]
+    assert len(sessions) == screen.count(hide) == screen.count(show) >= 2  # strictly one, then the next
+    assert all(show not in s and "\x1b[1A" not in s and "\x1b[A" not in s for s in sessions), "two live lines"
+    redraws = [part for chunk in screen.split("\n") for part in chunk.split("\r")]
+    spun = [part for part in redraws if SPINNER_FRAMES & set(part)]
+    assert spun, "no spinner was drawn at all"
+    assert all(sum(ch in SPINNER_FRAMES for ch in part) == 1 for part in spun), spun[:5]
+    words = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", part).strip("".join(SPINNER_FRAMES) + " ") for part in spun]
+    assert all(words), "a spinner with no words beside it"
+    # the spinner covered the stages before the rounds and the rounds themselves
+    assert any("loading model" in part for part in spun) and any("round " in part for part in spun)
+    assert "round 2/2  reward" in screen  # the round lines are printed above the live line

@@ -1,11 +1,18 @@
 """Prompts for instruct models: the task's prompt as a chat, after one worked format example.
 
 Every task asks for the final answer between ``<answer>`` tags, and only a tagged answer
-earns reward. Small instruct models ignore that sentence when it stands alone: measured on
-SmolLM2-135M-Instruct (1-digit sums, 64 samples at T = 0.7), not one completion was tagged
-with the plain chat template, nor with a system prompt demanding the tags; with one worked
-example as a prior turn, 31 % were. The example is a fixed exchange, the same on every
-node, so a prompt rebuilt from a task id gives the same ids everywhere.
+earns reward. Small instruct models ignore that sentence when it stands alone, so the chat
+holds one worked example as a prior turn. Its reply works the sum out, then tags it: a bare
+``<answer>5</answer>`` reply gets the tags copied but the sums guessed. Measured on
+SmolLM2-135M-Instruct (1-digit sums, 16 prompts x 8 samples, T = 0.7, 64 tokens):
+
+    reply in the example                               tagged  reward  groups with signal
+    <answer>5</answer>                                   84 %   0.016    12 %
+    2 + 3 = 5 <answer>5</answer>                         98 %   0.172    56 %
+    2 + 3 = 5, so the answer is <answer>5</answer>.      83 %   0.219    69 %   (this one)
+
+The example is a fixed exchange, the same on every node, so a prompt rebuilt from a task
+id gives the same ids everywhere.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ FORMAT_EXAMPLE: tuple[dict[str, str], ...] = (
         "role": "user",
         "content": f"State the final answer to the following arithmetic problem: 2 + 3 =\n{format_instruction()}",
     },
-    {"role": "assistant", "content": "<answer>5</answer>"},
+    {"role": "assistant", "content": "2 + 3 = 5, so the answer is <answer>5</answer>."},
 )
 
 
