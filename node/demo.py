@@ -104,6 +104,8 @@ class Demo:
             node.model,
             "--train-mode",
             node.train_mode,
+            "--task",  # named: an instruct model's default task is not toy
+            "toy",
             "--data-dir",
             str(self.workdir / node.name),
             "--swarm-id",

@@ -12,6 +12,7 @@ file, the demo's node logs) there is no spinner: a long phase prints a plain lin
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 import threading
 import time
@@ -132,6 +133,7 @@ class RoundPrinter:
     # ------------------------------------------------------------------ lines
     def ready(self, node) -> None:
         c = self.config
+        gen = getattr(node, "generation", None)
         if node.swarm is not None:
             addrs = node.swarm.join_addrs()
             self.console.print(f"[bold]{escape(c.name)}[/] peer id {node.swarm.peer_id}")
@@ -140,11 +142,11 @@ class RoundPrinter:
             else:
                 self.console.print("joined; others can also join through this node:")
             targets = [f"http://{_reachable_host(c.api_host)}:{node.api.port}"] if node.api is not None else []
+            task = gen.task if gen is not None else c.task
             for target in targets + addrs[:2]:
-                self.console.print(f"  ftis-node join --model {join_model(c.model)} --swarm {target}", soft_wrap=True)
+                self.console.print(f"  {escape(join_line(c.model, task, target))}", soft_wrap=True)
         if node.api is not None:
             self.console.print(f"dashboard: {node.api.url}/   status: {node.api.url}/status")
-        gen = getattr(node, "generation", None)
         if gen is not None:
             self.console.print(
                 f"task {gen.task}; sampling: temperature {gen.temperature}, up to {gen.max_tokens} tokens, "
@@ -196,6 +198,15 @@ def join_model(model: str) -> str:
     except ModelLoadError:
         kind = "local"
     return "tiny-s" if kind == "local" else model
+
+
+def join_line(model: str, task: str | None, target: str) -> str:
+    """The command others run to join: this node's task named, since a model's default task
+    may differ from it (a peer on another task has every group rejected as foreign)."""
+    parts = ["ftis-node", "join", "--model", join_model(model)]
+    if task is not None:
+        parts += ["--task", task]
+    return shlex.join([*parts, "--swarm", target])
 
 
 def _reachable_host(api_host: str) -> str:

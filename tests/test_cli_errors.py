@@ -8,6 +8,7 @@ its settings, run at the same time (so a busy machine slows both alike).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -325,3 +326,24 @@ def test_a_path_that_exists_is_not_taken_for_a_hub_id(tmp_path: Path):
 
     assert join_model("qwen2.5-1.5b") == "qwen2.5-1.5b"
     assert join_model(str(tmp_path)) == "tiny-s"
+
+
+def test_the_printed_join_line_runs_as_typed_with_this_nodes_task():
+    """The task is named (an instruct model's own default task is another) and quoted: a
+    gym spec holds '?' and '&', which a shell would otherwise take."""
+    import shlex
+
+    from node.progress import join_line
+
+    line = join_line("tiny-s", "gym:chain_sum?max_terms=2&max_digits=1", "http://127.0.0.1:8470")
+    assert "'gym:chain_sum?max_terms=2&max_digits=1'" in line
+    args = shlex.split(line)
+    assert args[:2] == ["ftis-node", "join"]
+    result = CliRunner().invoke(app, [*args[1:], "--dry-run"])
+    assert result.exit_code == 0, result.output
+    resolved = json.loads(result.output)
+    assert (resolved["model"], resolved["task"], resolved["swarm"]) == (
+        "tiny-s",
+        "gym:chain_sum?max_terms=2&max_digits=1",
+        ["http://127.0.0.1:8470"],
+    )
