@@ -91,7 +91,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
 
 
 class GenerationDefaults(BaseModel):
-    """What `--max-tokens`, `--temperature` and `--chat-template` mean when not given."""
+    """What `--task`, `--max-tokens`, `--temperature` and `--chat-template` mean when not given."""
 
     task: str
     chat_template: bool

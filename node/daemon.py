@@ -121,7 +121,7 @@ class Node:
         # Instruct models (a chat template) get their own defaults; flags given win.
         has_template = bool(getattr(self.tokenizer, "chat_template", None))
         self.generation = cfg.generation(has_template)
-        self.task = given_task or get_task(self.generation.task)
+        self.task = given_task if given_task is not None else get_task(self.generation.task)
         self.status.set(task=self.generation.task)
         self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
