@@ -195,7 +195,9 @@ def test_checkpoints_follow_the_cadence_through_a_kill_and_resume(tmp_path):
     again = _cli(*args, "--rounds", str(last + 6), "--resume")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"resumed from checkpoint {made[-1]}" in again.stderr
-    assert f"{played - last} round(s) played after it (up to round {played}) were lost" in again.stderr
+    lost = f"{played - last} round(s) played after it (up to round {played}) were lost"
+    # the kill may land right after a checkpoint round, and then nothing was lost
+    assert (lost if played > last else "nothing played after it was lost") in again.stderr
     # The console counts rounds from 1 (internal round r is "round r+1/N"), solo runs go on counting.
     total = last + 6
     assert f"round {last + 2}/{total}" in again.stdout and f"round {last + 1}/{total}" not in again.stdout
