@@ -227,6 +227,46 @@ def bench_attack(
     _emit(result, as_json, format_attack_bench(result))
 
 
+@bench_app.command("learn")
+def bench_learn(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    json_out: Path | None = typer.Option(None, "--json-out", help="Also write the result as JSON to this file."),
+    model: str = typer.Option("smollm2-135m-embedded", help="Model alias, folder or hub id."),
+    rounds: int = typer.Option(20, min=1, help="Rounds per run."),
+    lr: list[float] | None = typer.Option(
+        None, help=shown_default("Learning rate of a run; repeat for a sweep.", "the node's, 2e-4 LoRA")
+    ),
+    task: str | None = typer.Option(None, help=shown_default("Task.", "the one `train` picks for the model")),
+    eval_problems: int = typer.Option(32, min=1, help="Held-out problems in the eval."),
+    eval_samples: int = typer.Option(4, min=1, help="Samples per held-out problem."),
+    eval_every: int = typer.Option(5, min=1, help="Rounds between evals (and one before the first)."),
+    threads: int = typer.Option(0, min=0, help="CPU threads for torch (0 = torch's default)."),
+    seed: int = typer.Option(0, help="Seed of the run and of the eval set."),
+) -> None:
+    """A solo node's held-out reward before and after training with the model's defaults."""
+    from node.bench.learn import format_learn_bench, run_learn_bench
+
+    try:
+        result = run_learn_bench(
+            model,
+            rounds=rounds,
+            lrs=lr or [None],
+            task=task,
+            eval_problems=eval_problems,
+            eval_samples=eval_samples,
+            eval_every=eval_every,
+            threads=threads,
+            seed=seed,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ValueError as err:
+        _fail(str(err))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    _emit(result, as_json, format_learn_bench(result))
+
+
 @bench_app.command("all")
 def bench_all(
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of tables."),

@@ -90,6 +90,7 @@ class Node:
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
         self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
+        self._foreign_groups: tuple[int, str] = (0, "")  # this round's peer groups of another task, one reason
         self.checkpoints = None  # the CheckpointWriter: round checkpoints are written in the background
 
     # ------------------------------------------------------------------ set-up
@@ -388,7 +389,7 @@ class Node:
             logger.debug("known_peers failed: %r", e)
 
     def _notices(self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own_rewards) -> list[str]:
-        """Warnings for the console and /status: nothing to learn from, a round longer than its bucket."""
+        """Warnings for the console and /status: nothing to learn from, peers on another task, a long round."""
         notices = []
         if used and with_signal == 0:
             values = sorted({float(v) for v in own_rewards}) or [0.0]
@@ -396,6 +397,11 @@ class Node:
                 f"no learning signal: all rewards equal (every sample in every group scored "
                 f"{values[0]:.3g}), so this round changes nothing; an easier task, more --max-tokens or "
                 "a larger --group-size gives the groups rewards that differ"
+            )
+        if foreign := self._foreign_groups[0]:
+            notices.append(
+                f"{foreign} peer group(s) rejected as another task ({self._foreign_groups[1]}): a swarm learns "
+                "together only on one task; restart with the swarm's --task (a peer's printed join line names it)"
             )
         if self.swarm is not None:
             from protocol.keys import round_at
@@ -492,6 +498,7 @@ class Node:
             self.status.swarm_error(kind, count)
         self.status.round_io(gather_seconds=gathered.elapsed_s, bytes_read=gathered.bytes_read)
         groups: list[ScoredGroup] = []
+        self._foreign_groups = (0, "")
         for item in gathered.packets:
             try:
                 admitted = self.admission.admit(item.peer_id, item.data, r)
@@ -501,6 +508,8 @@ class Node:
                 continue
             for reason, count in admitted.rejected.items():
                 self.status.reject(item.peer_id, reason, admitted.details.get(reason, ""), count=count)
+            if foreign := admitted.rejected.get("foreign_task", 0):
+                self._foreign_groups = (self._foreign_groups[0] + foreign, admitted.details["foreign_task"])
             self.status.peer_update(
                 item.peer_id,
                 packets=1,

@@ -92,6 +92,33 @@ def test_a_round_longer_than_its_bucket_is_named_with_the_fix(tmp_path):
     assert "--round-seconds" in notice and "took 0 s" not in notice  # sub-second rounds keep their digits
 
 
+def test_peers_on_another_task_are_named_with_the_fix(tmp_path):
+    """Two nodes in lockstep on one exchange, each on its own task: every group the other
+    sends is rejected, and each node's round says why and what to pass."""
+    from node.experiment.exchange import ExchangeHub
+
+    hub = ExchangeHub()
+    tasks = {"a": "toy", "b": "gym:chain_sum?max_terms=2&max_digits=1"}
+    nodes = {
+        name: Node(
+            _config(tmp_path, name=name, data_dir=tmp_path / name, rounds=1, task=task, gather_seconds=0.5),
+            exchange=hub.endpoint(name),
+        ).setup()
+        for name, task in tasks.items()
+    }
+    try:
+        opened = {name: node.begin_round(0) for name, node in nodes.items()}
+        results = {name: node.finish_round(0, opened[name]) for name, node in nodes.items()}
+    finally:
+        for node in nodes.values():
+            node.close()
+    for name, result in results.items():
+        assert result.peers_answered == 1 and result.peer_samples == 0
+        notice = next(n for n in result.notices if "rejected as another task" in n)
+        assert notice.startswith("2 peer group(s)") and "--task" in notice  # the peer sent 2 prompts' groups
+        assert f"is not of task {get_task(tasks[name]).name!r}" in notice
+
+
 def test_chat_template_is_applied_alike_to_own_and_peers_prompts(tmp_path):
     """An instruct model's prompts go through its chat template, in the one place prompts are
     tokenized; a peer's packet is rebuilt with the same ids as our own prompts."""
