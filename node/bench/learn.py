@@ -70,25 +70,14 @@ def _one_run(
     seed: int,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    from node.config import NodeConfig
-    from node.daemon import Node
+    from node.bench.rounds import solo_node
     from node.experiment.evaluate import eval_set, sampled_reward_mean
-    from node.experiment.exchange import ExchangeHub
 
     with tempfile.TemporaryDirectory(prefix="ftis-bench-learn-") as tmp:
-        cfg = NodeConfig(
-            name="bench-learn",
-            data_dir=Path(tmp) / "node",
-            model=model,
-            task=task,
-            lr=lr,
-            seed=seed,
-            threads=threads,
-            gather_seconds=0.0,
-            checkpoint_every=rounds + 1,  # no checkpoint: this bench measures learning, not the disk
-            api_port=None,
-        )
-        node = Node(cfg, exchange=ExchangeHub().endpoint("bench-learn")).setup()
+        # No checkpoint in the run: this bench measures learning, not the disk.
+        settings = dict(model=model, task=task, lr=lr, seed=seed, threads=threads, checkpoint_every=rounds + 1)
+        node = solo_node(Path(tmp) / "node", "bench-learn", **settings)
+        cfg = node.cfg
         try:
             gen = node.generation
             evals = eval_set("heldout", gen.task, eval_problems, seed=seed)

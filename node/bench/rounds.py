@@ -35,7 +35,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_round_overhead"]
+__all__ = ["run_round_overhead", "solo_node"]
+
+
+def solo_node(data_dir: Path, name: str, **settings: Any) -> Any:
+    """A set-up `Node` on an in-process exchange of its own: no DHT, no API, no wait for peers."""
+    from node.config import NodeConfig
+    from node.daemon import Node
+    from node.experiment.exchange import ExchangeHub
+
+    cfg = NodeConfig(name=name, data_dir=data_dir, gather_seconds=0.0, api_port=None, **settings)
+    return Node(cfg, exchange=ExchangeHub().endpoint(name)).setup()
 
 
 class _Timer:
@@ -80,8 +90,6 @@ def run_round_overhead(
     node's default, `NodeConfig.checkpoint_every`).
     """
     from node.config import NodeConfig
-    from node.daemon import Node
-    from node.experiment.exchange import ExchangeHub
 
     if mode not in ("lora", "full"):
         raise ValueError(f"mode must be lora or full, got {mode!r}")
@@ -90,9 +98,9 @@ def run_round_overhead(
     checkpoint_every = checkpoint_every or NodeConfig.model_fields["checkpoint_every"].default
     say = progress or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="ftis-bench-rounds-") as tmp:
-        cfg = NodeConfig(
-            name=f"bench-{mode}",
-            data_dir=Path(tmp) / "node",
+        node = solo_node(
+            Path(tmp) / "node",
+            f"bench-{mode}",
             model=str(model),
             task="toy",
             train_mode=mode,
@@ -101,11 +109,8 @@ def run_round_overhead(
             group_size=group_size,
             max_tokens=max_tokens,
             seed=seed,
-            gather_seconds=0.0,
             checkpoint_every=rounds,  # the last timed round writes one
-            api_port=None,
         )
-        node = Node(cfg, exchange=ExchangeHub().endpoint("bench")).setup()
         # Every completion runs to max_tokens, so each round's batch has the step bench's
         # shape (prompts x group_size x max_tokens) whatever the model says.
         node.sampling = node.sampling.model_copy(update={"ignore_eos": True})
