@@ -81,9 +81,13 @@ def _root(
     """
 
 
+def _json_text(result: dict) -> str:
+    return json.dumps(result, indent=2, sort_keys=True) + "\n"
+
+
 def _emit(result: dict, as_json: bool, table: str) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(_json_text(result))
     else:
         typer.echo(table)
 
@@ -263,7 +267,7 @@ def bench_learn(
         _fail(str(err))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        json_out.write_text(_json_text(result))
     _emit(result, as_json, format_learn_bench(result))
 
 

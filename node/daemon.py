@@ -90,7 +90,6 @@ class Node:
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
         self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
-        self._foreign_groups: tuple[int, str] = (0, "")  # this round's peer groups of another task, one reason
         self.checkpoints = None  # the CheckpointWriter: round checkpoints are written in the background
 
     # ------------------------------------------------------------------ set-up
@@ -310,7 +309,7 @@ class Node:
         """Gather and admit peers' samples, train, checkpoint, record (the half after)."""
         own, start = opened.own, opened.started_at
         peers: list[ScoredGroup] = []
-        answered = 0
+        answered, foreign = 0, (0, "")
         if self.swarm is not None:
             deadline = time.time() + self.cfg.gather_seconds
 
@@ -318,7 +317,7 @@ class Node:
                 self.status.set_phase("gathering", r, deadline=deadline, peers=n)
 
             answered_so_far(0)
-            peers, answered = self._gather(r, answered_so_far)
+            peers, answered, foreign = self._gather(r, answered_so_far)
         if self.stopping:
             return None
         if self.cfg.loss == "alone":
@@ -347,7 +346,7 @@ class Node:
             self.checkpoint(r, background=True)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         with_signal = sum(1 for g in used if np.ptp(g.rewards) > 0)
-        notices = self._notices(r, start, used, with_signal, own_rewards)
+        notices = self._notices(r, start, used, with_signal, own_rewards, foreign)
         result = RoundResult(
             round=r,
             reward_mean=float(own_rewards.mean()) if own_rewards.size else 0.0,
@@ -388,8 +387,11 @@ class Node:
         except Exception as e:  # a view for people: never worth a round
             logger.debug("known_peers failed: %r", e)
 
-    def _notices(self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own_rewards) -> list[str]:
-        """Warnings for the console and /status: nothing to learn from, peers on another task, a long round."""
+    def _notices(
+        self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own_rewards, foreign: tuple[int, str]
+    ) -> list[str]:
+        """Warnings for the console and /status: nothing to learn from, peers on another task
+        (`foreign`: their groups rejected this round and one reason), a long round."""
         notices = []
         if used and with_signal == 0:
             values = sorted({float(v) for v in own_rewards}) or [0.0]
@@ -398,9 +400,9 @@ class Node:
                 f"{values[0]:.3g}), so this round changes nothing; an easier task, more --max-tokens or "
                 "a larger --group-size gives the groups rewards that differ"
             )
-        if foreign := self._foreign_groups[0]:
+        if foreign[0]:
             notices.append(
-                f"{foreign} peer group(s) rejected as another task ({self._foreign_groups[1]}): a swarm learns "
+                f"{foreign[0]} peer group(s) rejected as another task ({foreign[1]}): a swarm learns "
                 "together only on one task; restart with the swarm's --task (a peer's printed join line names it)"
             )
         if self.swarm is not None:
@@ -481,7 +483,7 @@ class Node:
         )
         return encode(to_packet(own, header, params))
 
-    def _gather(self, r: int, on_progress: Callable[[int], None]) -> tuple[list[ScoredGroup], int]:
+    def _gather(self, r: int, on_progress: Callable[[int], None]) -> tuple[list[ScoredGroup], int, tuple[int, str]]:
         # Quarantined peers: Admission.admit refuses their packets unread; the swarm does not
         # even fetch them.
         gathered = self.swarm.gather(
@@ -498,7 +500,7 @@ class Node:
             self.status.swarm_error(kind, count)
         self.status.round_io(gather_seconds=gathered.elapsed_s, bytes_read=gathered.bytes_read)
         groups: list[ScoredGroup] = []
-        self._foreign_groups = (0, "")
+        foreign, foreign_why = 0, ""  # peer groups of another task, and one rejection's reason
         for item in gathered.packets:
             try:
                 admitted = self.admission.admit(item.peer_id, item.data, r)
@@ -508,8 +510,8 @@ class Node:
                 continue
             for reason, count in admitted.rejected.items():
                 self.status.reject(item.peer_id, reason, admitted.details.get(reason, ""), count=count)
-            if foreign := admitted.rejected.get("foreign_task", 0):
-                self._foreign_groups = (self._foreign_groups[0] + foreign, admitted.details["foreign_task"])
+            if n := admitted.rejected.get("foreign_task", 0):
+                foreign, foreign_why = foreign + n, admitted.details["foreign_task"]
             self.status.peer_update(
                 item.peer_id,
                 packets=1,
@@ -523,7 +525,7 @@ class Node:
             groups.extend(admitted.groups)
         self.trust.end_round(r)
         self._show_trust()
-        return groups, len(gathered.peers)
+        return groups, len(gathered.peers), (foreign, foreign_why)
 
     def _show_trust(self) -> None:
         for peer in self.trust.peers():

@@ -75,8 +75,8 @@ def _one_run(
 
     with tempfile.TemporaryDirectory(prefix="ftis-bench-learn-") as tmp:
         # No checkpoint in the run: this bench measures learning, not the disk.
-        settings = dict(model=model, task=task, lr=lr, seed=seed, threads=threads, checkpoint_every=rounds + 1)
-        node = solo_node(Path(tmp) / "node", "bench-learn", **settings)
+        given = dict(model=model, task=task, lr=lr, seed=seed, threads=threads, checkpoint_every=rounds + 1)
+        node = solo_node(Path(tmp) / "node", "bench-learn", **given)
         cfg = node.cfg
         try:
             gen = node.generation
