@@ -347,3 +347,19 @@ def test_the_printed_join_line_runs_as_typed_with_this_nodes_task():
         "gym:chain_sum?max_terms=2&max_digits=1",
         ["http://127.0.0.1:8470"],
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "typo", "suggestion"),
+    [
+        ("--model", "qwen2.5-1.5b-instrct", "qwen2.5-1.5b-instruct"),
+        ("--model", "tiny-s:ad", "add"),
+        ("--task", "gim:chain_sum", "gym"),
+        ("--task", "gym:chainsum", "chain_sum"),
+    ],
+)
+def test_a_mistyped_model_or_task_gets_the_close_name(tmp_path, flag, typo, suggestion):
+    result = CliRunner().invoke(app, ["train", flag, typo, "--rounds", "1", "--data-dir", str(tmp_path / "n")])
+    assert result.exit_code == 2, result.output
+    assert len(_error_lines(result.output)) == 1, result.output
+    assert f"Did you mean {suggestion}?" in result.output, result.output

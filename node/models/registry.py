@@ -31,6 +31,7 @@ from node.models.hub import LOCAL_CHOICES, hub_load_options
 from node.models.smollm import EMBEDDED_SMOLLM2, ensure_smollm2
 from node.models.tiny import TINY_NAMES, build_tiny
 from node.models.warmstart import TINY_SKILLS
+from node.suggest import did_you_mean
 
 __all__ = [
     "EMBEDDED_SMOLLM2",
@@ -103,7 +104,10 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     base, _, skill = raw.partition(":")
     if base in TINY_NAMES:
         if skill and skill not in TINY_SKILLS:
-            raise ModelLoadError(f"unknown skill {skill!r} in {raw!r}; valid skills: {', '.join(TINY_SKILLS)}")
+            raise ModelLoadError(
+                f"unknown skill {skill!r} in {raw!r}.{did_you_mean(skill, TINY_SKILLS)} "
+                f"Valid skills: {', '.join(TINY_SKILLS)}"
+            )
         return ModelSpec(name=base, kind="tiny", skill=skill or None)
     path = Path(raw).expanduser()
     if path.is_dir():
@@ -113,7 +117,8 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     if _HUB_ID_RE.match(raw) and not raw.startswith((".", "/", "~")):
         return ModelSpec(name=raw, kind="hub", hf_id=raw)
     raise ModelLoadError(
-        f"unknown model {raw!r}: not an alias, not a local model folder, not a Hub id (org/name). "
+        f"unknown model {raw!r}: not an alias, not a local model folder, not a Hub id (org/name)."
+        f"{did_you_mean(raw, all_aliases())} "
         f"Aliases: {', '.join(all_aliases())}; tiny models also take a skill, e.g. tiny-s:add"
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from node.suggest import did_you_mean
 from node.tasks.answer import (
     answers_match,
     extract_boxed,
@@ -61,7 +62,9 @@ def get_task(spec: str) -> Task:
         if not rest:
             raise TaskError(f"task spec {spec!r} names no file; e.g. {kind}:/data/{kind}.jsonl")
         return JsonlTask(kind, rest)  # type: ignore[arg-type]
-    raise TaskError(f"unknown task kind {kind!r} in spec {spec!r}; valid forms: {_SPEC_HELP}")
+    raise TaskError(
+        f"unknown task kind {kind!r} in spec {spec!r}.{did_you_mean(kind, TASK_KINDS)} Valid forms: {_SPEC_HELP}"
+    )
 
 
 def task_for_id(task_id: str, known: Iterable[Task] = ()) -> Task:

@@ -22,6 +22,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from node.suggest import did_you_mean
 from node.tasks.answer import answers_match, extract_tagged, format_instruction, parse_number
 from node.tasks.base import MAX_TASK_ID_CHARS, Problem, Rng, Task, TaskError, draw_int, parse_index
 
@@ -125,7 +126,8 @@ class GymTask(Task):
         names = _registry()
         if dataset not in names:
             raise TaskError(
-                f"unknown reasoning-gym dataset {dataset!r}. Numeric ones that suit this project: "
+                f"unknown reasoning-gym dataset {dataset!r}.{did_you_mean(dataset, names)} "
+                f"Numeric ones that suit this project: "
                 f"{', '.join(NUMERIC_GYM_DATASETS)}. All: {', '.join(sorted(names))}"
             )
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
