@@ -1,9 +1,12 @@
 """The Hugging Face transformers engine: `generate` with KV cache, on CPU or one GPU.
 
-Log-probs are recomputed from the RAW logits (`output_logits=True`) with the same
-temperature / top-k / top-p transform the sampler applied (`sampling_logprobs`), not
-read from `scores`: those are the fully processed scores, which include any extra
-masking (min length, suppressed tokens) that is not part of the policy distribution.
+Log-probs are computed from the RAW logits with the same temperature / top-k / top-p
+transform the sampler applied (`sampling_logprobs`), not read from `scores`: those are
+the fully processed scores, which include any extra masking (min length, suppressed
+tokens) that is not part of the policy distribution. They are taken step by step
+(`_StepLogprobs`: a forward hook keeps the last raw logits, a stopping-criteria call
+scores the token just drawn), so generation holds [batch, steps] floats, never the
+[batch, steps, vocab] logits `output_logits` would keep.
 
 The engine owns its sampling distribution: the model's own `generation_config.json`
 (repetition penalty, default top-k 50, min-p ...) is replaced by a neutral one at load,
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
 from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
 from node.train.logprobs import sampling_logprobs
@@ -46,12 +49,43 @@ def _eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     return eos_token_ids(tokenizer, getattr(model.generation_config, "eos_token_id", None))
 
 
+class _StepLogprobs(StoppingCriteria):
+    """Records, at every step of `generate`, the sampling log-prob of the token just drawn.
+
+    A forward hook on the model keeps the raw logits of the last position (the values
+    `output_logits` would store); `generate` calls its stopping criteria right after it
+    appends the sampled tokens, and that call scores them through `sampling_logprobs`.
+    It never stops anything.
+    """
+
+    def __init__(self, model: torch.nn.Module, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.steps: list[torch.Tensor] = []
+        self._logits: torch.Tensor | None = None
+        self._hook = model.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        self._logits = output.logits[:, -1, :]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        assert self._logits is not None, "generate sampled a token without a forward pass"
+        s = self.sampling
+        self.steps.append(sampling_logprobs(self._logits, input_ids[:, -1], s.temperature, s.top_k, s.top_p).float())
+        self._logits = None  # the step's [batch, vocab] scores go as soon as they are used
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def close(self) -> torch.Tensor:
+        """Remove the hook; the log-probs as [batch, steps]."""
+        self._hook.remove()
+        self._logits = None
+        return torch.stack(self.steps, dim=1)
+
+
 class HFEngine(RolloutEngine):
     """Rollouts with `transformers.generate`.
 
     `max_batch_sequences` bounds how many sequences (prompts x n) share one `generate`
-    call; with `output_logits` the engine holds steps x sequences x vocab floats, so
-    this is the knob that bounds memory.
+    call, and so the KV cache's size.
     """
 
     def __init__(
@@ -189,21 +223,20 @@ class HFEngine(RolloutEngine):
             eos_token_id=[] if sampling.ignore_eos else self._eos,  # None would mean "the model's"
             pad_token_id=self._pad,
             use_cache=True,
-            return_dict_in_generate=True,
-            output_logits=True,
         )
-        out = self.base_model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), generation_config=config
-        )
-        generated = out.sequences[:, width:]
-        logprobs = torch.stack(
-            [
-                sampling_logprobs(step_logits, generated[:, t], sampling.temperature, sampling.top_k, sampling.top_p)
-                for t, step_logits in enumerate(out.logits)
-            ],
-            dim=1,
-        )
-        generated, logprobs = generated.cpu(), logprobs.float().cpu().numpy()
+        recorder = _StepLogprobs(self.base_model, sampling)
+        try:
+            sequences = self.base_model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList([recorder]),
+            )
+        finally:
+            steps = recorder.close()
+        generated = sequences[:, width:].cpu()
+        logprobs = steps.cpu().numpy()
+        assert logprobs.shape == tuple(generated.shape), "one log-prob per generated token"
         eos = torch.tensor(self._eos)
 
         samples: list[list[Sample]] = []

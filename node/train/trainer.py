@@ -54,6 +54,10 @@ class TrainerConfig(BaseModel):
     adam_eps: float = Field(1e-8, gt=0)
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm (None: no clip).")
     micro_batch_tokens: int = Field(4096, ge=1, description="Padded tokens per forward/backward pass.")
+    gradient_checkpointing: bool = Field(
+        False, description="Keep only each layer's input and recompute the rest in the backward pass."
+    )
+    chunked_logprobs: bool = Field(True, description="Score the output head a chunk of positions at a time.")
     loss: LossConfig = Field(default_factory=LossConfig)
     seed: int = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -165,6 +169,8 @@ class Trainer:
                 self.model = get_peft_model(base, cfg.lora_config())
             else:
                 self.model = base
+        if cfg.gradient_checkpointing:  # non-reentrant: works with frozen inputs (LoRA) too
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.to(cfg.device).train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -198,6 +204,7 @@ class Trainer:
             top_k=top_k,
             top_p=top_p,
             pad_id=self.pad_id,
+            chunked=self.cfg.chunked_logprobs,
         )
 
     def plan_micro_batches(self, sequences: list[TrainSequence]) -> list[list[int]]:
