@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import partial
 
 from hivemind.p2p import P2P, PeerID
@@ -91,10 +92,14 @@ async def offer_body(dht, _node, digest: bytes, round: int, body: bytes) -> None
     dht.ftis_bodies.put(digest, round, body)
 
 
-async def fetch_body(_dht, node, peer: str, digest: bytes, size: int, timeout: float) -> tuple[bytes | None, str]:
-    """(body, "") or (None, reason) for a body of the announced `size`; the sha256 is checked by the caller.
+async def fetch_body(
+    _dht, node, peer: str, digest: bytes, size: int, timeout: float
+) -> tuple[bytes | None, str, float]:
+    """(body, "", seconds) or (None, reason, seconds) for a body of the announced `size`.
 
-    Failures are returned, not raised: hivemind logs raised ones loudly.
+    The sha256 is checked by the caller. `seconds` is the fetch's own duration, timed here
+    (the caller may look at the result much later: a fetch can outlive the gather that
+    started it). Failures are returned, not raised: hivemind logs raised ones loudly.
     """
 
     async def fetch() -> tuple[bytes | None, str]:
@@ -121,11 +126,13 @@ async def fetch_body(_dht, node, peer: str, digest: bytes, size: int, timeout: f
         await asyncio.sleep(_FETCH_RETRY_S)
         return await fetch()
 
+    started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
-            return await fetch_with_retry()
+            body, reason = await fetch_with_retry()
     except TimeoutError:
-        return None, RejectReason.FETCH_TIMEOUT
+        body, reason = None, RejectReason.FETCH_TIMEOUT
     except Exception as e:  # unreachable peer, reset stream, bad peer id: all the sender's problem
         logger.debug("body fetch from %s failed: %r", peer, e)
-        return None, RejectReason.FETCH_FAILED
+        body, reason = None, RejectReason.FETCH_FAILED
+    return body, reason, time.monotonic() - started

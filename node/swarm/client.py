@@ -61,7 +61,7 @@ class RecordClient:
         return self.run(partial(bodies.offer_body, digest=digest, round=round, body=body))
 
     def fetch_body(self, peer: str, digest: bytes, size: int, timeout: float) -> MPFuture:
-        """Future of (body, "") or (None, reason); the sha256 is not checked here."""
+        """Future of (body, "", seconds) or (None, reason, seconds); the sha256 is not checked here."""
         return self.run(partial(bodies.fetch_body, peer=peer, digest=digest, size=size, timeout=timeout))
 
     def shutdown(self) -> None:

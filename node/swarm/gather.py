@@ -8,6 +8,15 @@ The state machine, one pass per poll interval:
                                                                                          ▼
                                                        done: k delivered, expect_peers, or the deadline
 
+A fetch still running at the deadline is not given up: it keeps its own time budget
+(`FetchBudget`: from how long that peer's fetches took, not from what is left of the
+window) and the next gather collects it ("late"), so a slow but live peer's packet joins
+the next round's mix (one round stale, which admission accepts) instead of being dropped.
+Late fetches hold none of the new gather's slots or bytes (the gather that started them
+paid for them), so a peer that never answers costs the next round nothing but a look.
+A gather that ends early (enough peers) leaves its unfinished fetches unjudged instead:
+the next gather judges those headers afresh.
+
 What a node reads per round does not grow with the swarm: its own shard plus a bounded
 random sample of others (`GatherPlan.order`), re-read only while fetch slots are free,
 and at most `max_peers` bodies. Nothing from the network raises: it is counted in the
@@ -34,11 +43,10 @@ from node.swarm.ledger import GatherLedger, KnownPeers
 from node.swarm.record import HeaderRecord, RejectReason, owner_label, peer_id_of_owner
 from node.swarm.shards import shard_key, shard_of
 
-__all__ = ["GatherPlan", "GatherResult", "GatherRun", "GatheredPacket"]
+__all__ = ["FetchBudget", "GatherPlan", "GatherResult", "GatherRun", "GatheredPacket"]
 
 logger = logging.getLogger(__name__)
 
-_FETCH_SLACK_S = 0.25  # how long past the deadline a gather waits for a fetch to report its own timeout
 SIGNATURE_BYTES = 356  # "[signature:<base64 of an RSA-2048 signature>]", stripped before we see a value
 _DOWN = (DHTUnavailableError, OSError, EOFError, ValueError)  # no DHT process to ask
 
@@ -63,6 +71,8 @@ class GatherResult:
     headers_read: int = 0  # DHT entries received (one header counts again each time a poll re-reads it)
     reads: int = 0  # DHT gets sent
     fetches: int = 0  # body fetches started
+    carried: int = 0  # fetches still running at the deadline, left to the next gather (not failures)
+    late: int = 0  # packets delivered by fetches an earlier gather started (their round may be older)
     shards_read: list[int] = field(default_factory=list)  # shard indices of the round that answered
     polls: int = 0
     elapsed_s: float = 0.0
@@ -105,6 +115,41 @@ class _Candidate:
 class _Fetch:
     future: MPFuture
     candidate: _Candidate
+    gather: int = 0  # which gather started it (GatherRun.serial)
+
+
+class FetchBudget:
+    """How long a body fetch from a peer may take: TCP's retransmission-timeout rule, per peer.
+
+    From the durations of that peer's fetches (timed in the DHT process): srtt + 4 * rttvar,
+    at least the static `base_s + size / min_rate`, at most `max_s`. Each timeout doubles the
+    peer's budget until a fetch succeeds (a far peer's first fetch may need several tries,
+    each from a later gather). Not cut to the gather window: a fetch outlives its gather.
+    """
+
+    def __init__(self, base_s: float, min_rate: float, max_s: float, max_peers: int = 1024) -> None:
+        self.base_s, self.min_rate, self.max_s, self.max_peers = base_s, min_rate, max_s, max_peers
+        self._peers: dict[str, tuple[float, float, int]] = {}  # peer -> (srtt, rttvar, timeouts in a row)
+
+    def budget(self, peer: str, size: int) -> float:
+        floor = self.base_s + size / self.min_rate
+        srtt, rttvar, timeouts = self._peers.get(peer, (0.0, 0.0, 0))
+        return min(self.max_s, max(floor, srtt + 4 * rttvar) * 2**timeouts)
+
+    def observe(self, peer: str, seconds: float, timed_out: bool) -> None:
+        srtt, rttvar, timeouts = self._peers.pop(peer, (0.0, 0.0, 0))
+        if timed_out:
+            self._peers[peer] = (srtt, rttvar, min(timeouts + 1, 8))
+        elif srtt == 0.0:
+            self._peers[peer] = (seconds, seconds / 2, 0)
+        else:  # RFC 6298's gains
+            rttvar = 0.75 * rttvar + 0.25 * abs(srtt - seconds)
+            self._peers[peer] = (0.875 * srtt + 0.125 * seconds, rttvar, 0)
+        while len(self._peers) > self.max_peers:  # least recently used first
+            del self._peers[next(iter(self._peers))]
+
+    def __contains__(self, peer: str) -> bool:
+        return peer in self._peers
 
 
 class GatherRun:
@@ -121,8 +166,16 @@ class GatherRun:
         known: KnownPeers,
         log_once: Callable[..., None],
         on_progress: Callable[[int], None] | None = None,
+        *,
+        budget: FetchBudget | None = None,
+        carried: list[_Fetch] | None = None,
+        serial: int = 0,
     ) -> None:
-        """`on_progress(n)`: called when the number of peers delivered so far changes (a live view)."""
+        """`on_progress(n)`: called when the number of peers delivered so far changes (a live view).
+
+        `carried`: fetches an earlier gather left running; after `run()`, `self.carry` holds
+        those this one leaves to the next. `serial` numbers the gathers.
+        """
         self.client, self.cfg, self.swarm_id, self.me, self.plan = client, config, swarm_id, self_peer, plan
         self.on_progress, self._reported = on_progress, 0
         self.ledger, self.known, self.log_once = ledger, known, log_once
@@ -136,12 +189,17 @@ class GatherRun:
         self.answered: set[tuple[int, int]] = set()  # (round, shard) with at least one answer
         self.stale_sent = False
         self.candidates: dict[tuple[int, str], _Candidate] = {}
+        self.budget = budget or FetchBudget(config.fetch_base_s, config.fetch_min_bytes_per_s, config.fetch_timeout_s)
+        self.serial = serial
         self.fetches: list[_Fetch] = []
         self.delivered: set[str] = set()
         self.reserved_bytes = 0  # accepted plus in-flight fetches
         self.skipped: set[tuple[int, str]] = set()
         self.writer_shards: dict[str, int] = {}  # peer -> S it declared, headers of plan.round (for the estimate)
         self.dht_down = False  # nothing more can arrive: end the gather now
+        oldest = plan.round - len(plan.stale)  # an older round has left the window: admission would refuse it
+        self.late = [f for f in carried or () if f.candidate.round >= oldest]
+        self.carry: list[_Fetch] = []
 
     # ------------------------------------------------------------ the loop
 
@@ -312,11 +370,11 @@ class GatherRun:
                 self.candidates[(r, peer)] = _Candidate(r, peer, record, order)
 
     def _in_flight(self) -> set[tuple[int, str]]:
-        return {(f.candidate.round, f.candidate.peer) for f in self.fetches}
+        return {(f.candidate.round, f.candidate.peer) for f in self.fetches + self.late}
 
     def _fits(self, c: _Candidate) -> bool | None:
         """True: may start now; False: waits for budget; None: waits for an identical body in flight."""
-        if any(f.candidate.record.sha256 == c.record.sha256 for f in self.fetches):
+        if any(f.candidate.record.sha256 == c.record.sha256 for f in self.fetches + self.late):
             return None
         return self.reserved_bytes + c.record.size <= self.plan.max_total_bytes
 
@@ -342,9 +400,7 @@ class GatherRun:
     # ------------------------------------------------------------ bodies
 
     def _start_fetch(self, c: _Candidate) -> None:
-        cfg = self.cfg
-        timeout = min(cfg.fetch_timeout_s, cfg.fetch_base_s + c.record.size / cfg.fetch_min_bytes_per_s)
-        timeout = max(0.05, min(timeout, self.remaining()))
+        timeout = self.budget.budget(c.peer, c.record.size)
         try:
             future = self.client.fetch_body(c.peer, c.record.sha256, c.record.size, timeout)
         except _DOWN as e:
@@ -352,50 +408,62 @@ class GatherRun:
             return
         self.reserved_bytes += c.record.size
         self.result.fetches += 1
-        self.fetches.append(_Fetch(future, c))
+        self.fetches.append(_Fetch(future, c, self.serial))
 
     def _collect_fetches(self, until: float) -> None:
+        for f in [f for f in self.late if f.future.done()]:  # never waited for
+            self.late.remove(f)
+            self._collect(f, 0.0, reserved=False)
         for f in list(self.fetches):
             if self.done():  # enough peers, or out of time: the rest is settled in run()
                 return
-            try:
-                body, reason = f.future.result(timeout=max(0.0, until - time.monotonic()))
-            except TimeoutError:
-                continue
-            except Exception as e:
-                self.log_once("fetch_error", "a body fetch failed inside the DHT process: %r", e)
-                body, reason = None, RejectReason.FETCH_FAILED
-            self.fetches.remove(f)
-            self._settle(f.candidate, body, reason)
+            if self._collect(f, max(0.0, until - time.monotonic()), reserved=True):
+                self.fetches.remove(f)
 
-    def _settle(self, c: _Candidate, body: bytes | None, reason: str) -> None:
+    def _collect(self, f: _Fetch, wait: float, *, reserved: bool) -> bool:
+        """Judge a fetch's outcome if it has one within `wait` seconds; False if it is still running."""
+        try:
+            body, reason, seconds = f.future.result(timeout=wait)
+        except TimeoutError:
+            return False
+        except Exception as e:
+            self.log_once("fetch_error", "a body fetch failed inside the DHT process: %r", e)
+            body, reason, seconds = None, RejectReason.FETCH_FAILED, None
+        if seconds is not None and reason in ("", RejectReason.FETCH_TIMEOUT):
+            self.budget.observe(f.candidate.peer, seconds, timed_out=bool(reason))
+        if body is not None and not reason and f.gather != self.serial:
+            self.result.late += 1
+        self._settle(f.candidate, body, reason, reserved=reserved)
+        return True
+
+    def _settle(self, c: _Candidate, body: bytes | None, reason: str, *, reserved: bool = True) -> None:
+        """Deliver or reject a body; `reserved`: its bytes count against this gather's budget."""
         if body is not None:
             self.result.bytes_read += len(body) if c.record.body is None else 0  # inline ones were counted
         reason = reason or _check_body(c.record, body)
         if reason:
-            self.reserved_bytes -= c.record.size  # the budget goes back to the next candidate
+            self.reserved_bytes -= c.record.size if reserved else 0  # the budget goes back to the next candidate
             if reason in (RejectReason.FETCH_FAILED, RejectReason.FETCH_TIMEOUT, RejectReason.BODY_NOT_FOUND):
                 self.known.fetch_failed(c.peer, self.plan.round)
             self._reject(c.round, c.peer, c.record.sha256, reason)
             return
         self.ledger.deliver(c.round, c.peer, c.record.sha256)
-        self.delivered.add(c.peer)
+        if reserved:  # a late packet is extra: it neither fills a slot nor ends this gather
+            self.delivered.add(c.peer)
         self.result.packets.append(GatheredPacket(c.peer, c.round, body))
 
     def _settle_unfinished(self) -> None:
         """Fetches still running when the gather ends.
 
-        At the deadline they have timed out (the DHT process gives up by then on its own;
-        it gets a moment to say so). Otherwise (enough peers, DHT gone) they are left
-        unjudged, for a later gather.
+        At the deadline they go on, each under its own budget in the DHT process (which
+        reports its own timeout), and the next gather judges them: `self.carry`. A gather
+        that ended early (enough peers) leaves its own unjudged instead, for a later gather
+        to judge the header afresh. A dead DHT process ends them all (they will not report).
         """
-        if self.remaining() <= 0 and not self.dht_down:
-            for f in list(self.fetches):
-                try:
-                    body, reason = f.future.result(timeout=_FETCH_SLACK_S)
-                except Exception:  # TimeoutError or a failure inside the DHT process
-                    body, reason = None, RejectReason.FETCH_TIMEOUT
-                self._settle(f.candidate, body, reason)
+        if not self.dht_down:
+            at_deadline = self.remaining() <= 0
+            self.carry = self.late + (self.fetches if at_deadline else [])
+        self.result.carried = len(self.carry)
         self.fetches = []
 
     # ------------------------------------------------------------ verdicts

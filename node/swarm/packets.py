@@ -24,7 +24,7 @@ from hivemind.utils import MPFuture, MSGPackSerializer
 
 from node.swarm.client import RecordClient
 from node.swarm.dht import SwarmConfig, dht_time
-from node.swarm.gather import GatherPlan, GatherResult, GatherRun
+from node.swarm.gather import FetchBudget, GatherPlan, GatherResult, GatherRun
 from node.swarm.ledger import GatherLedger, KnownPeers
 from node.swarm.record import SIGNATURE_MARK, HeaderRecord
 from node.swarm.rejoin import rejoin
@@ -44,6 +44,9 @@ class PacketExchange:
         self.ledger = GatherLedger()
         self.known = KnownPeers(max_peers=config.known_peers_max, keep_rounds=config.known_peers_rounds)
         self.estimate = SizeEstimate()
+        self.budget = FetchBudget(config.fetch_base_s, config.fetch_min_bytes_per_s, config.fetch_timeout_s)
+        self._carried: list = []  # fetches the last gather left running, for the next one
+        self._gathers = 0
         self._shards_by_round: dict[int, int] = {}  # S this node used for a round, fixed once chosen
         self._state_lock = threading.Lock()  # one gather at a time (the ledger is not shared)
         self._shards_lock = threading.Lock()  # publish may run while a gather does
@@ -165,10 +168,23 @@ class PacketExchange:
             )
             self.ledger.forget_before(round - stale - 2)
             self.known.prune(round)
+            self._gathers += 1
             run = GatherRun(
-                self.client, cfg, cfg.swarm_id, self.peer_id, plan, self.ledger, self.known, self._log_once, on_progress
+                self.client,
+                cfg,
+                cfg.swarm_id,
+                self.peer_id,
+                plan,
+                self.ledger,
+                self.known,
+                self._log_once,
+                on_progress,
+                budget=self.budget,
+                carried=self._carried,
+                serial=self._gathers,
             )
             result = run.run()
+            self._carried = run.carry
             if result.shards_read:
                 self.estimate.add(result.shards_read, run.writer_shards.values())
             return result
