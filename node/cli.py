@@ -271,6 +271,88 @@ def bench_learn(
     _emit(result, as_json, format_learn_bench(result))
 
 
+@bench_app.command("wan")
+def bench_wan(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    json_out: Path = typer.Option(Path("runs/wan/wan.json"), "--json-out", help="Also write the result here."),
+    nodes: int = typer.Option(4, min=2, max=64, help="Nodes (real `ftis-node join` processes, tiny-m/tiny-s)."),
+    rounds: int = typer.Option(20, min=1, help="Rounds every node plays."),
+    delay_ms: float = typer.Option(100.0, min=0, help="Mean one-way delay of each link, ms."),
+    jitter_ms: float = typer.Option(20.0, min=0, help="Standard deviation of the delay, ms."),
+    loss: float = typer.Option(0.02, min=0, max=0.5, help="Fraction of TCP segments dropped on each link."),
+    round_seconds: float | None = typer.Option(None, min=1, help=shown_default("Round length.", "the node's")),
+    gather_seconds: float | None = typer.Option(None, min=0, help=shown_default("Gather window.", "the node's")),
+    prompts_per_round: int | None = typer.Option(None, min=1, help=shown_default("Prompts.", "the node's")),
+    group_size: int | None = typer.Option(None, min=2, help=shown_default("G.", "the node's")),
+    max_tokens: int | None = typer.Option(None, min=1, help=shown_default("Completion tokens.", "the node's")),
+    keep: Path | None = typer.Option(None, help="Keep the nodes' data and logs in this folder."),
+    check: bool = typer.Option(False, help="Exit 1 unless every goal for these link settings is met."),
+) -> None:
+    """Nodes over an emulated WAN (a network namespace, delay proxies, random loss); needs root."""
+    from node.bench.wan import check_goals, format_wan_bench, run_wan_bench
+    from node.bench.wan_net import WanError
+
+    try:
+        result = run_wan_bench(
+            nodes=nodes,
+            rounds=rounds,
+            delay_ms=delay_ms,
+            jitter_ms=jitter_ms,
+            loss=loss,
+            round_seconds=round_seconds,
+            gather_seconds=gather_seconds,
+            prompts_per_round=prompts_per_round,
+            group_size=group_size,
+            max_tokens=max_tokens,
+            keep=keep,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (ValueError, WanError) as err:
+        _fail(str(err))
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(_json_text(result))
+    _emit(result, as_json, format_wan_bench(result))
+    if check and not all(check_goals(result).values()):
+        raise typer.Exit(1)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    json_out: Path | None = typer.Option(None, "--json-out", help="Also write the result as JSON to this file."),
+    model: list[str] | None = typer.Option(
+        None,
+        help=shown_default(
+            "Model to measure (an alias, or qwen2.5-0.5b-random / qwen2.5-1.5b-random); repeat for several.",
+            "tiny-m, smollm2-135m-embedded, qwen2.5-0.5b-random",
+        ),
+    ),
+    quick: bool = typer.Option(False, help="The small setting only, LoRA only."),
+    compare: bool = typer.Option(True, "--compare/--no-compare", help="Also run the code path before the cuts."),
+    sweep: bool = typer.Option(True, "--sweep/--no-sweep", help="tiny-m against micro-batch tokens and group size."),
+    leak_rounds: int = typer.Option(0, min=0, help="Also run a tiny-s node this many rounds (> 20; 0 = skip)."),
+    threads: int = typer.Option(1, min=1, help="CPU threads for torch in each measured process."),
+) -> None:
+    """Peak memory per phase of a round (load, generate, admission, train, checkpoint), per model and setting."""
+    from node.bench.memory import format_leak_bench, format_memory_bench, run_leak_bench, run_memory_bench
+
+    def show(row: dict) -> None:
+        print(format_memory_bench({"runs": [row]}).splitlines()[1], file=sys.stderr, flush=True)
+
+    result = run_memory_bench(model or None, quick=quick, compare=compare, sweep=sweep, threads=threads, on_result=show)
+    table = format_memory_bench(result)
+    if leak_rounds:
+        try:
+            result["leak"] = run_leak_bench(rounds=leak_rounds)
+        except ValueError as err:
+            _fail(str(err))
+        table += "\n" + format_leak_bench(result["leak"])
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(_json_text(result))
+    _emit(result, as_json, table)
+
+
 @bench_app.command("all")
 def bench_all(
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of tables."),
