@@ -460,7 +460,10 @@ def join(
     With no --swarm it starts a new swarm and prints the line others run to join it.
     """
     if dry_run:
-        typer.echo(config.model_dump_json(indent=2))
+        settings = config.model_dump(mode="json")
+        if settings["seed"] is None:  # resolved once the node has its identity
+            settings["seed"] = "from identity (a hash of the node's peer id)"
+        typer.echo(json.dumps(settings, indent=2))
         return
     _run_node(config, use_swarm=True)
 

@@ -193,7 +193,12 @@ class NodeConfig(BaseSettings):
         description="Wrap prompts in the model's chat template (own prompts and peers' alike).",
         json_schema_extra=_extra("on when the tokenizer has one"),
     )
-    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed for task sampling, generation and training; pin it for a reproducible run.",
+        json_schema_extra=_extra("a hash of the node's peer id, so every node draws its own prompts and samples"),
+    )
     # 10: a full fine-tune's checkpoint is the weights plus AdamW's two moments, 3x the weights
     # (18 GB for a 3B model in bf16, 36 GB in fp32), written and hashed: every round it would
     # cost about as much as the round itself; every 10 rounds it is a few % of them, and a
@@ -210,6 +215,11 @@ class NodeConfig(BaseSettings):
     )
     kl_reduction: Literal["sum", "mean"] = Field("sum", description="KL reduction over a sequence's tokens.")
     peer_share: float = Field(0.5, ge=0, le=1, description="Largest share of peers' samples in a batch.")
+    peer_mix: Literal["add", "replace"] = Field(
+        "add",
+        description="Peers' samples come on top of all own ones (add) or take their share of a batch "
+        "the size of the own samples (replace: SAPO's local/external mix at equal batch).",
+    )
     cross_tokenizer: Literal["graft", "drop"] = Field(
         "graft", description="Peers with another tokenizer: sequence-level weight (graft) or drop."
     )
@@ -326,7 +336,7 @@ class NodeConfig(BaseSettings):
             lora_rank=self.lora_rank,
             lr=self.lr,
             loss=self.loss_config(),
-            seed=self.seed,
+            seed=self.seed if self.seed is not None else 0,  # the node resolves None before it builds its trainer
             device=self.device,
             dtype=self.dtype,
         )

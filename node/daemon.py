@@ -39,7 +39,7 @@ import numpy as np
 
 from node.admission import Admission
 from node.config import NodeConfig
-from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups, to_packet, to_train_batch
+from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, mix_groups, to_packet, to_train_batch
 from node.status import NodeStatus, RoundRecord
 from protocol.codec import Limits
 
@@ -107,6 +107,7 @@ class Node:
         given_task = get_task(cfg.task) if cfg.task is not None else None  # a bad spec fails before the load
         if self.use_swarm:  # first, so a bad --swarm fails before minutes of model loading
             self._start_swarm()
+        self._resolve_seed()  # before the trainer, which seeds its initialisation with it
         self.status.set_phase("loading model")
         self.model_path = model_folder(resolve_model(cfg.model))
         self.trainer = Trainer(self.model_path, cfg.trainer_config())  # loss and trainer settings, as validated
@@ -217,6 +218,28 @@ class Node:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return []
 
+    def _resolve_seed(self) -> None:
+        """`--seed` if given, else a hash of this node's peer id: one seed on every node would
+        make a swarm of copies (the same prompts, the same samples). The identity key lives in
+        the data dir, so a resumed node goes on with the stream it had; a solo node makes and
+        keeps a key there too."""
+        if self.cfg.seed is not None:
+            return
+        if self.swarm is not None:
+            peer_id = self.swarm.peer_id
+        else:
+            from node.swarm.identity import NodeIdentity
+
+            self.cfg.node_dir.mkdir(parents=True, exist_ok=True)
+            identity = NodeIdentity.acquire(self.cfg.node_dir / "identity.key")
+            try:
+                peer_id = identity.peer_id
+            finally:
+                identity.release()
+        self.cfg = self.cfg.model_copy(update={"seed": seed_of_peer(peer_id)})
+        self.status.set(seed=self.cfg.seed)
+        logger.info("seed %d, from this node's identity %s", self.cfg.seed, peer_id)
+
     def _start_swarm(self) -> None:
         from node.swarm import Swarm
         from node.swarm.join import resolve_initial_peers
@@ -318,6 +341,9 @@ class Node:
 
             answered_so_far(0)
             peers, answered, foreign = self._gather(r, answered_so_far)
+            peers, copies = drop_copies(own, peers)
+            for g in copies:
+                self.status.reject(g.source, "copy_of_own", "the same prompt and completions as ours", len(g.sequences))
         if self.stopping:
             return None
         if self.cfg.loss == "alone":
@@ -330,6 +356,7 @@ class Node:
                 self._round_rng("mix", r),
                 trusted=self.trust.trusted(),
                 probation_share=self.cfg.probation_share,
+                replace=self.cfg.peer_mix == "replace",
             )
         self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
         metrics = self._train_round(used)
@@ -685,6 +712,13 @@ class Node:
             self.status.set_phase("stopped")
             if self.cfg.node_dir.is_dir():
                 self._write_status_file()
+
+
+def seed_of_peer(peer_id: str) -> int:
+    """A node's default seed: 31 bits of sha256(peer id), the same in every process."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") >> 1
 
 
 def _sender_model(data: bytes) -> dict[str, str]:

@@ -59,11 +59,15 @@ def mix_groups(
     *,
     trusted: set[str] | None = None,
     probation_share: float = PROBATION_SHARE,
+    replace: bool = False,
 ) -> tuple[list[ScoredGroup], int]:
     """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
 
     With share p, peer sequences are capped at p / (1 - p) times the own ones, so p = 0.5
-    (SAPO's best mix) means at most as many peer samples as own. Peers take turns, one
+    means at most as many peer samples as own. With `replace`, the batch keeps the size of
+    the own samples instead: peers take at most p of it and a random subset of own groups
+    fills the rest (SAPO's I local / J external rollouts at a fixed batch: p = 0.5 is its 4/4),
+    so sharing changes what a node trains on, not how much. Peers take turns, one
     group each (in a random order, each peer's groups shuffled): the loss averages over
     groups, so a group is one unit of influence whatever its size, and equal turns keep
     a peer with many groups, or with many small ones, from crowding the others out.
@@ -78,7 +82,10 @@ def mix_groups(
     if peer_share <= 0 or not peers:
         return list(own), len(peers)
     own_seqs = sum(len(g.sequences) for g in own)
-    budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
+    if replace:
+        budget = peer_share * max(own_seqs, 1)
+    else:
+        budget = float("inf") if peer_share >= 1 else peer_share / (1 - peer_share) * max(own_seqs, 1)
     if trusted is None:
         known, newcomers = peers, []
     else:
@@ -92,7 +99,29 @@ def mix_groups(
         share = min(probation_share, 0.999)
         max_groups = max(1, int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9))
         chosen += _take_turns(newcomers, budget - used, max_groups, rng)[0]
-    return list(own) + chosen, len(peers) - len(chosen)
+    kept = list(own)
+    if replace:  # own groups give up the room the peers took, drawn at random
+        room = own_seqs - sum(len(g.sequences) for g in chosen)
+        picked = []
+        for i in rng.sample(range(len(own)), len(own)):
+            if len(own[i].sequences) <= room:
+                picked.append(i)
+                room -= len(own[i].sequences)
+        kept = [own[i] for i in sorted(picked)]
+    return kept + chosen, len(peers) - len(chosen)
+
+
+def drop_copies(own: list[ScoredGroup], peers: list[ScoredGroup]) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
+    """Peers' groups that repeat one of ours (same prompt, same completions' token ids) and
+    the rest. A copy adds no information and would count our own samples twice: two nodes
+    on one seed, or a peer replaying our packet, produce them."""
+    ours = {_fingerprint(g) for g in own}
+    copies = [g for g in peers if _fingerprint(g) in ours]
+    return [g for g in peers if _fingerprint(g) not in ours], copies
+
+
+def _fingerprint(group: ScoredGroup) -> tuple:
+    return (tuple(group.prompt_ids), tuple(sorted(tuple(s.completion_ids) for s in group.sequences)))
 
 
 def _take_turns(

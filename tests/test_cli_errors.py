@@ -47,6 +47,8 @@ BAD_VALUES = {
     "kl_threshold": "-1",
     "kl_reduction": "max",
     "peer_share": "1.5",
+    "peer_mix": "swap",
+    "seed": "-1",
     "cross_tokenizer": "keep",
     "swarm_id": "Not An Id",
     "port": "70000",

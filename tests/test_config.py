@@ -46,7 +46,7 @@ def test_defaults_agree_with_the_modules_that_own_them():
     from node.swarm.dht import DEFAULT_PORT
     from node.train.ftis import VARIANTS
 
-    computed_by_owner = {"kl_threshold", "lr", "max_tokens", "temperature", "loss"}
+    computed_by_owner = {"kl_threshold", "lr", "max_tokens", "temperature", "loss", "seed"}
     for field, (module, cls, sub) in SOURCES.items():
         owner = getattr(importlib.import_module(module), cls).model_fields[sub]
         if field not in computed_by_owner:

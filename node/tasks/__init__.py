@@ -7,6 +7,7 @@ Specs (what a user passes to ``--task``):
     gym:<dataset>[?seed=S&k=v]   a reasoning-gym dataset, e.g. gym:chain_sum?seed=3
     gsm8k:<path.jsonl>           GSM8K from a local file
     math500:<path.jsonl>         MATH-500 from a local file
+    mix:<spec>,<spec>,...        prompts drawn from several tasks (node/tasks/mix.py)
 
 ``get_task(spec)`` builds the task; ``task_for_id(task_id)`` rebuilds the task that
 issued an id received from a peer (toy and gym ids are self-contained; file-backed
@@ -30,10 +31,14 @@ from node.tasks.answer import (
 from node.tasks.base import Problem, Rng, Task, TaskError
 from node.tasks.gym import NUMERIC_GYM_DATASETS, GymTask, gym_dataset_names, parse_query
 from node.tasks.jsonl import JsonlTask
+from node.tasks.mix import MixTask
 from node.tasks.toy import TOY_SPLITS, ToyTask, toy_completion
 
-TASK_KINDS: tuple[str, ...] = ("toy", "gym", "gsm8k", "math500")
-_SPEC_HELP = "toy[:id|ood|add|sub], gym:<dataset>[?seed=N&key=value], gsm8k:<file.jsonl>, math500:<file.jsonl>"
+TASK_KINDS: tuple[str, ...] = ("toy", "gym", "gsm8k", "math500", "mix")
+_SPEC_HELP = (
+    "toy[:id|ood|add|sub], gym:<dataset>[?seed=N&key=value], gsm8k:<file.jsonl>, math500:<file.jsonl>, "
+    "mix:<spec>,<spec>,..."
+)
 
 
 def get_task(spec: str) -> Task:
@@ -58,6 +63,11 @@ def get_task(spec: str) -> Task:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TaskError(f"task spec {spec!r}: seed must be an integer")
         return GymTask(dataset, seed=seed, **params)
+    if kind == "mix":
+        parts = [part.strip() for part in rest.split(",") if part.strip()]
+        if any(part.partition(":")[0] == "mix" for part in parts):
+            raise TaskError(f"task spec {spec!r}: a mix cannot hold another mix")
+        return MixTask([get_task(part) for part in parts], spec.strip())
     if kind in ("gsm8k", "math500"):
         if not rest:
             raise TaskError(f"task spec {spec!r} names no file; e.g. {kind}:/data/{kind}.jsonl")
