@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 import node.train.logprobs as logprobs_module
 from node.rollout import Sampling, make_engine
 from node.screen import score_completions
-from node.train.logprobs import _split, sampling_logprobs, sequence_logprobs, sequence_view
+from node.train.logprobs import _split, completion_views, sampling_logprobs, sequence_logprobs, sequence_view
 from node.train.trainer import Trainer, TrainerConfig
 from tests.test_trainer import make_batch
 
@@ -101,6 +101,7 @@ def test_gradient_checkpointing_changes_no_gradient(tiny_model_dir: Path, batch)
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_view_equals_the_screens_one_pass_view(tiny_model_dir: Path, batch, sampling) -> None:
+    """The node's local view (`completion_views`, in batches of rows) equals the screen's one-pass one."""
     trainer = _perturbed_trainer(tiny_model_dir)
     prompt = batch.sequences[0].prompt_ids
     completions = [s.completion_ids for s in batch.sequences[:6]]
@@ -108,12 +109,14 @@ def test_view_equals_the_screens_one_pass_view(tiny_model_dir: Path, batch, samp
     views = score_completions(
         trainer.model, prompt, completions, temperature=temperature, top_k=top_k, top_p=top_p, pad_id=trainer.pad_id
     )
-    logp, rank, mask = sequence_view(trainer.model, [prompt] * len(completions), completions, *sampling, trainer.pad_id)
-    assert not logp.requires_grad
-    for row, (view, c) in enumerate(zip(views, completions)):
-        assert mask[row].sum() == len(c)
-        assert np.abs(logp[row, : len(c)].numpy() - view.logp).max() <= 1e-5
-        assert rank[row, : len(c)].tolist() == view.rank.tolist()
+    rows = completion_views(trainer.model, prompt, completions, *sampling, trainer.pad_id, token_budget=40)
+    assert len(rows) == len(views) == len(completions)
+    for (logp, rank), view, c in zip(rows, views, completions):
+        assert len(logp) == len(rank) == len(c)
+        assert np.abs(logp - view.logp).max() <= 1e-5
+        assert rank.tolist() == view.rank.tolist()
+    logp, rank, mask = sequence_view(trainer.model, [prompt] * 2, completions[:2], *sampling, trainer.pad_id)
+    assert not logp.requires_grad and mask.shape == rank.shape == logp.shape
 
 
 def test_engine_records_what_output_logits_gave(tiny_model_dir: Path) -> None:

@@ -25,10 +25,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGIT_CHUNK_ELEMENTS", "sampling_logprobs", "sequence_logprobs", "sequence_view", "truncate_scores"]
+__all__ = [
+    "LOGIT_CHUNK_ELEMENTS",
+    "completion_views",
+    "sampling_logprobs",
+    "sequence_logprobs",
+    "sequence_view",
+    "truncate_scores",
+]
 
 #: Scores held at once by the chunked path: positions per chunk = this // vocabulary
 #: (341 for SmolLM2's 49,152 ids, 110 for Qwen2.5's 151,936): 64 MB of fp32 a tensor.
@@ -153,6 +161,51 @@ def _chunk_scores(
     return _chosen_logprobs(head(hidden), targets, temperature, top_k, top_p)
 
 
+def _masked_scores(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, top_p: float
+) -> torch.Tensor:
+    scores = torch.nn.functional.linear(hidden, weight).float() / temperature
+    if top_k > 0 or top_p < 1.0:
+        scores = scores.masked_fill(torch.isinf(truncate_scores(scores, top_k, top_p, keep=targets)), float("-inf"))
+    return scores
+
+
+class _ChosenLogprob(torch.autograd.Function):
+    """`_chunk_scores` for a bias-free linear head, with its gradient written out: the backward
+    pass rebuilds the chunk's scores from the saved hidden states and logsumexp, then
+    d logp / d scores = onehot(target) - softmax. Same numbers as checkpointing the chunk,
+    with fewer passes over the [chunk, vocab] scores."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+    ) -> torch.Tensor:
+        scores = _masked_scores(hidden, weight, targets, temperature, top_k, top_p)
+        lse = scores.logsumexp(dim=-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.sampling = (temperature, top_k, top_p)
+        return scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        temperature = ctx.sampling[0]
+        with torch.no_grad():
+            probs = _masked_scores(hidden, weight, targets, *ctx.sampling).sub_(lse.unsqueeze(-1)).exp_()
+            d_scores = probs.mul_(-grad.unsqueeze(-1))  # masked ids: exp(-inf) = 0, no gradient
+            d_scores.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
+            d_logits = d_scores.div_(temperature).to(hidden.dtype)
+            d_hidden = d_logits @ weight if ctx.needs_input_grad[0] else None
+            d_weight = d_logits.t() @ hidden if ctx.needs_input_grad[1] else None
+        return d_hidden, d_weight, None, None, None, None
+
+
 def _chunked(
     model: Any,
     split: tuple[torch.nn.Module, torch.nn.Module],
@@ -178,11 +231,15 @@ def _chunked(
     weight = getattr(head, "weight", None)
     vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 1
     step = max(1, LOGIT_CHUNK_ELEMENTS // max(vocab, 1))
-    backward = torch.is_grad_enabled() and h.requires_grad
+    backward = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+    plain_head = type(head) is torch.nn.Linear and head.bias is None
     parts, ranks = [], []
     for start in range(0, h.shape[0], step):
         hc, tc = h[start : start + step], targets[start : start + step]
-        if backward:  # recompute this chunk's logits in the backward pass instead of keeping them
+        if backward and plain_head:  # this chunk's scores are rebuilt in the backward pass, not kept
+            parts.append(_ChosenLogprob.apply(hc, head.weight, tc, *sampling))
+            continue
+        if backward:  # another kind of head (a LoRA on lm_head, a bias): checkpoint the chunk
             parts.append(checkpoint(_chunk_scores, hc, head, tc, *sampling, use_reentrant=False))
             continue
         logits = head(hc)
@@ -292,3 +349,31 @@ def sequence_view(
         )
     assert rank is not None
     return logp, rank, mask
+
+
+def completion_views(
+    model: Any,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    pad_id: int = 0,
+    *,
+    token_budget: int = 4096,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(logp, rank) of every token of `completions`, all answering `prompt_ids`, as numpy rows.
+
+    `sequence_view` over batches of about `token_budget` padded tokens, so the body's
+    activations stay bounded too.
+    """
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    i = 0
+    while i < len(completions):
+        width = len(prompt_ids) + max(len(c) for c in completions[i:])
+        chunk = [list(c) for c in completions[i : i + max(1, token_budget // max(width, 1))]]
+        logp, rank, _ = sequence_view(model, [prompt_ids] * len(chunk), chunk, temperature, top_k, top_p, pad_id)
+        for row, c in enumerate(chunk):
+            out.append((logp[row, : len(c)].cpu().numpy(), rank[row, : len(c)].cpu().numpy().astype(np.int64)))
+        i += len(chunk)
+    return out
