@@ -40,6 +40,7 @@ import numpy as np
 from node.admission import Admission
 from node.config import NodeConfig
 from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, mix_groups, to_packet, to_train_batch
+from node.memory import release_memory
 from node.status import NodeStatus, RoundRecord
 from protocol.codec import Limits
 
@@ -321,6 +322,7 @@ class Node:
         opened = OpenRound(round=r, started_at=time.time(), round_in_run=self.rounds_played)
         self.status.set_phase("generating", r, round_in_run=self.rounds_played)
         opened.own = self.rollout(r)
+        release_memory()  # generation's cache and step scores go back to the system before training
         if self.swarm is not None:
             self.status.set_phase("publishing", r)
             packet = self._packet_bytes(r, opened.own)
@@ -360,6 +362,7 @@ class Node:
             )
         self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
         metrics = self._train_round(used)
+        release_memory()  # the step's activations and gradients, likewise before the next generation
         self._account_peer_use(used, metrics)
         self.status.set_phase("loading weights", r)
         self._load_engine_weights()
@@ -655,19 +658,22 @@ class Node:
         self.engine.load_adapter(self.trainer.save_adapter(folder), version)
 
     def _local_view(self, prompt_ids, completions, temperature, top_k, top_p):
-        """Our log-prob and rank of each token of `completions` (the screen's input)."""
-        from node.screen import score_completions
+        """Our log-prob and rank of each token of `completions` (the screen's input): no autograd,
+        and the output head a chunk of positions at a time, so no [tokens, vocab] logits stay."""
+        from node.screen import TokenView
+        from node.train.logprobs import completion_views
 
-        return score_completions(
+        rows = completion_views(
             self.trainer.model,
             prompt_ids,
             completions,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            pad_id=self.trainer.pad_id,
+            temperature,
+            top_k,
+            top_p,
+            self.trainer.pad_id,
             token_budget=self.trainer.cfg.micro_batch_tokens,
         )
+        return [TokenView(logp=logp, rank=rank) for logp, rank in rows]
 
     def _local_logprobs(self, prompt_ids, completion_ids, temperature, top_k, top_p) -> np.ndarray:
         import torch
