@@ -154,3 +154,24 @@ def test_wan_bench_short_run_keeps_every_node_in_the_swarm(tmp_path):
     assert result["node_rounds"] == 15
     assert result["peer_packet_rate"] >= 0.8, result  # loose: a loaded CI machine; the bench has the goals
     print(f"wan bench: {time.monotonic() - started:.0f} s", result["peer_packet_rate"], result["fetches"])
+
+
+def test_reachability_check_at_start_says_whether_peers_can_dial_this_node():
+    """Real DHTs on loopback: a joiner that listens where it announces is reachable; one that
+    announces a port where nothing listens is told it is not, and what to set."""
+    from node.swarm import Swarm, SwarmConfig
+    from tests.procs import free_port
+
+    def config(**extra) -> SwarmConfig:
+        return SwarmConfig(swarm_id="reach", host="127.0.0.1", port=0, startup_timeout=30, **extra)
+
+    with Swarm(config()).start() as boot:
+        assert boot._require().reachable is None  # it started the swarm: nobody to ask
+        with Swarm(config(initial_peers=boot.join_addrs()[:1])).start() as open_node:
+            assert open_node._require().reachable is True, open_node._require().reachability
+        dead_port = free_port()
+        blocked = config(initial_peers=boot.join_addrs()[:1], announce_maddrs=[f"/ip4/127.0.0.1/tcp/{dead_port}"])
+        with Swarm(blocked).start() as closed:
+            line = closed._require().reachability
+            assert closed._require().reachable is False, line
+            assert f"/ip4/127.0.0.1/tcp/{dead_port} refused" in line and "--announce" in line

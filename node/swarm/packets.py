@@ -22,6 +22,7 @@ from typing import Any
 
 from hivemind.utils import MPFuture, MSGPackSerializer
 
+from node.swarm import reach
 from node.swarm.client import RecordClient
 from node.swarm.dht import SwarmConfig, dht_time
 from node.swarm.gather import FetchBudget, GatherPlan, GatherResult, GatherRun
@@ -47,6 +48,8 @@ class PacketExchange:
         self.budget = FetchBudget(config.fetch_base_s, config.fetch_min_bytes_per_s, config.fetch_timeout_s)
         self._carried: list = []  # fetches the last gather left running, for the next one
         self._gathers = 0
+        self.reachable: bool | None = None  # can peers dial this node (None: not checked); see `reach`
+        self.reachability = ""
         self._shards_by_round: dict[int, int] = {}  # S this node used for a round, fixed once chosen
         self._state_lock = threading.Lock()  # one gather at a time (the ledger is not shared)
         self._shards_lock = threading.Lock()  # publish may run while a gather does
@@ -59,6 +62,25 @@ class PacketExchange:
         cfg = self.config
         installing = self.client.install_body_service(cfg.body_keep_rounds, cfg.body_store_max_bytes)
         installing.result(timeout=cfg.startup_timeout)
+        self.client.run(reach.install_reach_service).result(timeout=cfg.startup_timeout)
+        self.reachable, self.reachability = self.check_reachability()
+
+    def check_reachability(self) -> tuple[bool | None, str]:
+        """Ask the first bootstrap peer whether it can dial this node; logs one line unless it can."""
+        cfg = self.config
+        if not cfg.initial_peers:
+            return None, "reachability: not checked (this node started the swarm)"
+        peer = cfg.initial_peers[0].rsplit("/p2p/", 1)[-1]
+        try:
+            addrs = [str(m) for m in self.client.dht.get_visible_maddrs()]
+            asking = partial(reach.ask_reachability, peer=peer, addrs=addrs, timeout=4 * cfg.rpc_timeout_s)
+            answer = self.client.run(asking).result(timeout=5 * cfg.rpc_timeout_s)
+        except Exception as e:  # a start-up check: never worth failing the start
+            logger.debug("reachability check failed: %r", e)
+            addrs, answer = [], None
+        reachable, line = reach.verdict(answer, addrs, peer)
+        (logger.info if reachable else logger.warning)(line)
+        return reachable, line
 
     # ------------------------------------------------------------ shards
 
