@@ -271,6 +271,53 @@ def bench_learn(
     _emit(result, as_json, format_learn_bench(result))
 
 
+@bench_app.command("swarm-gain")
+def bench_swarm_gain(
+    preset: str = typer.Option("short", help="short (2 nodes, about an hour on 2 cores), full, or tiny (a test's)."),
+    work: Path = typer.Option(Path("runs/swarm-gain"), help="Each finished run is saved here; a rerun resumes."),
+    out: Path = typer.Option(Path("docs"), help="Where swarm-gain.json, .md and .png go."),
+    model: str | None = typer.Option(None, help=shown_default("Model of every node.", "the preset's")),
+    nodes: int | None = typer.Option(None, min=2, help=shown_default("Nodes per swarm.", "the preset's")),
+    rounds: int | None = typer.Option(None, min=1, help=shown_default("Rounds per run.", "the preset's")),
+    seeds: list[int] | None = typer.Option(None, "--seed", help=shown_default("A seed; repeat.", "the preset's")),
+    share: list[float] | None = typer.Option(
+        None, help=shown_default("Peers' share of the batch (0.5 = 4/4); repeat.", "the preset's")
+    ),
+    prompts_per_round: int | None = typer.Option(None, min=2, help=shown_default("Prompts.", "the preset's")),
+    max_tokens: int | None = typer.Option(None, min=1, help=shown_default("Completion tokens.", "the preset's")),
+    threads: int = typer.Option(0, min=0, help="CPU threads for torch (0 = torch's default)."),
+) -> None:
+    """Nodes in a swarm vs alone at equal generation: cumulative, held-out and OOD reward, NoIS vs F-TIS."""
+    from pydantic import ValidationError
+
+    from node.bench.swarm_gain import PRESETS, GainSettings, run_swarm_gain
+
+    if preset not in PRESETS:
+        _fail(f"unknown preset {preset!r}; use one of: {', '.join(PRESETS)}")
+    given = dict(
+        model=model,
+        nodes=nodes,
+        rounds=rounds,
+        seeds=seeds or None,
+        shares=share or None,
+        prompts_per_round=prompts_per_round,
+        max_tokens=max_tokens,
+        threads=threads,
+    )
+    try:
+        settings = GainSettings(**(PRESETS[preset] | {k: v for k, v in given.items() if v is not None}))
+        summary = run_swarm_gain(
+            settings,
+            work=work,
+            out=out,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            command=" ".join(["ftis-node", *sys.argv[1:]]),
+        )
+    except (ValueError, ValidationError) as err:
+        _fail(str(err).splitlines()[0] if not isinstance(err, ValidationError) else str(err.errors()[0]["msg"]))
+    typer.echo(Path(summary["files"]["md"]).read_text())
+
+
 @bench_app.command("wan")
 def bench_wan(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
