@@ -108,6 +108,7 @@ class HFEngine(RolloutEngine):
         self._state_lora_config: Any = None  # ... and the object it came from (the usual, cheap match)
         self._lora_params: dict[str, torch.Tensor] = {}  # its tensors, by the trainer's names
         self._version = "base"
+        self._shared: list[str] = []  # names of base weights that are another model's tensors
         self.use_chat_template = use_chat_template
         self.max_batch_sequences = max_batch_sequences
         self._eos = _eos_ids(model, tokenizer)
@@ -263,6 +264,44 @@ class HFEngine(RolloutEngine):
         return samples
 
     # ------------------------------------------------------------------ weights
+    def share_base_weights(self, model: torch.nn.Module) -> int:
+        """Use `model`'s frozen weights as this engine's base weights: one copy in memory, not two.
+
+        For a LoRA trainer's model, whose base never changes (only its adapter trains). A
+        tensor is shared when its name (peft's `.base_layer` left out), shape, dtype and
+        device match; the engine's own copy is freed. A later load of full weights into
+        this engine first takes private copies again, so it never writes into `model`.
+        Returns the bytes freed.
+        """
+        lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        theirs = {
+            name.replace(".base_layer", ""): p
+            for name, p in lm.named_parameters()
+            if not p.requires_grad and "lora_" not in name
+        }
+        freed = 0
+        for name, mine in self.base_model.named_parameters():
+            key = name.replace(".base_layer", "")
+            other = theirs.get(key)
+            if other is None or (other.shape, other.dtype, other.device) != (mine.shape, mine.dtype, mine.device):
+                continue
+            if other.data_ptr() != mine.data_ptr():
+                freed += mine.numel() * mine.element_size()
+                mine.data = other.data
+                self._shared.append(key)
+        gc.collect()
+        return freed
+
+    def _unshare(self) -> None:
+        """Private copies of shared base weights, before anything writes into them."""
+        if not self._shared:
+            return
+        shared = set(self._shared)
+        for name, p in self.base_model.named_parameters():
+            if name.replace(".base_layer", "") in shared:
+                p.data = p.data.clone()
+        self._shared = []
+
     def load_adapter(self, path: str | Path | None, version: str) -> None:
         """Switch weights: a peft LoRA folder, a full model folder, or None for the base."""
         if path is None:
@@ -311,6 +350,7 @@ class HFEngine(RolloutEngine):
         if lora_config is None:
             had_adapter = self._peft is not None
             self._drop_adapter()
+            self._unshare()
             try:
                 copy_state_into(self.base_model, state, source="trainer state")
             except Exception:
@@ -366,6 +406,7 @@ class HFEngine(RolloutEngine):
         """
         had_adapter = self._peft is not None
         self._drop_adapter()
+        self._unshare()
         try:
             load_safetensors_into(self.base_model, path)
         except Exception:

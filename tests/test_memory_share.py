@@ -1,0 +1,59 @@
+"""A LoRA node holds its base weights once: the engine uses the trainer's frozen tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from node.rollout import Sampling, make_engine
+from node.train.trainer import Trainer, TrainerConfig
+from tests.test_trainer import make_batch
+
+SAMPLING = Sampling(temperature=0.9, max_tokens=10, seed=5)
+PROMPTS = ["1 + 2 =", "7"]
+
+
+def _draw(engine) -> list[tuple[list[int], np.ndarray]]:
+    return [(s.token_ids, s.logprobs) for g in engine.generate(PROMPTS, n=3, sampling=SAMPLING) for s in g]
+
+
+def _same(a, b) -> None:
+    assert len(a) == len(b)
+    for (ta, la), (tb, lb) in zip(a, b):
+        assert ta == tb
+        np.testing.assert_array_equal(la, lb)
+
+
+def test_engine_shares_the_lora_trainers_base_and_samples_the_same(tiny_model_dir: Path) -> None:
+    trainer = Trainer(tiny_model_dir, TrainerConfig(seed=1))
+    shared, alone = make_engine("hf", tiny_model_dir), make_engine("hf", tiny_model_dir)
+    before = _draw(shared)
+    freed = shared.share_base_weights(trainer.model)
+    base = {p.data_ptr() for p in trainer.model.get_base_model().parameters() if not p.requires_grad}
+    engine_ptrs = {p.data_ptr() for p in shared.base_model.parameters()}
+    assert freed == sum(p.numel() * p.element_size() for p in shared.base_model.parameters())
+    assert engine_ptrs <= base
+    _same(before, _draw(shared))
+
+    # A training step and the hand-over: the shared engine samples what a private one does.
+    trainer.step(make_batch(tiny_model_dir, n=3))
+    for engine in (shared, alone):
+        engine.load_state(trainer.published_state(), trainer.adapter_version, lora_config=trainer.lora_config)
+    _same(_draw(shared), _draw(alone))
+    assert {p.data_ptr() for n, p in shared.base_model.named_parameters() if "lora_" not in n} <= base
+
+
+def test_a_full_load_into_a_sharing_engine_leaves_the_trainer_alone(tiny_model_dir: Path) -> None:
+    trainer = Trainer(tiny_model_dir, TrainerConfig(seed=1))
+    engine = make_engine("hf", tiny_model_dir)
+    engine.share_base_weights(trainer.model)
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    noisy = {n: p.detach() + 0.5 for n, p in engine.base_model.state_dict().items()}
+    engine.load_state(noisy, "noisy")
+    for n, p in trainer.model.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, frozen[n]), n
+    key = next(iter(noisy))
+    assert torch.equal(engine.base_model.state_dict()[key], noisy[key])
