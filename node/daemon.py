@@ -117,9 +117,9 @@ class Node:
         extra = (
             {"reference_logprobs": self._local_logprobs, "max_lora_rank": cfg.lora_rank} if cfg.engine == "vllm" else {}
         )
+        if cfg.engine == "hf" and cfg.train_mode == "lora":  # one copy of the frozen base: the trainer's
+            extra = {"share_with": self.trainer.model}
         self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype, **extra)
-        if cfg.train_mode == "lora" and hasattr(self.engine, "share_base_weights"):  # one copy of the frozen base
-            self.engine.share_base_weights(self.trainer.model)
         self.tokenizer = self.engine.tokenizer
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         # Instruct models (a chat template) get their own defaults; flags given win.

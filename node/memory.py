@@ -261,7 +261,7 @@ def plan(cfg: Any, shape: ModelShape, *, free: float | None = None) -> MemoryPla
         "generate_sequences": min(64, cfg.prompts_per_round * cfg.group_size),
         "sequence_tokens": PROMPT_TOKENS + max_tokens,
         "lora_rank": cfg.lora_rank,
-        "engine_weights": cfg.engine == "hf",
+        "engine_weights": cfg.engine == "hf" and cfg.train_mode == "full",  # LoRA: the engine shares the base
     }
     tokens = cfg.micro_batch_tokens or fit_micro_batch(shape, available, **settings) or MICRO_BATCH_CHOICES[-1]
     est = estimate(shape, micro_batch_tokens=tokens, **settings)

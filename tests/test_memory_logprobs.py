@@ -90,9 +90,15 @@ def test_ftis_step_equals_the_one_pass_step(tiny_model_dir: Path, batch, mode: s
         torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
 
 
-def test_gradient_checkpointing_changes_no_gradient(tiny_model_dir: Path, batch) -> None:
-    plain = _perturbed_trainer(tiny_model_dir, mode="full")
-    ckpt = _perturbed_trainer(tiny_model_dir, mode="full", gradient_checkpointing=True)
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_gradient_checkpointing_changes_no_gradient(tiny_model_dir: Path, batch, mode: str) -> None:
+    plain = _perturbed_trainer(tiny_model_dir, mode=mode)
+    ckpt = _perturbed_trainer(tiny_model_dir, mode=mode, gradient_checkpointing=True)
+    assert (
+        ckpt.model.is_gradient_checkpointing
+        if mode == "full"
+        else ckpt.model.get_base_model().is_gradient_checkpointing
+    )
     m_p, m_c = plain.step(batch), ckpt.step(batch)
     assert m_p["loss"] == pytest.approx(m_c["loss"], abs=1e-6)
     for p, q in zip(plain.params, ckpt.params):

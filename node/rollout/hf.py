@@ -49,6 +49,26 @@ def _eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     return eos_token_ids(tokenizer, getattr(model.generation_config, "eos_token_id", None))
 
 
+def _model_on(other: torch.nn.Module) -> PreTrainedModel:
+    """A model of `other`'s architecture whose parameters ARE `other`'s base tensors (built
+    on the meta device, so nothing is allocated); its small buffers are copied."""
+    from transformers import AutoModelForCausalLM
+
+    lm = other.get_base_model() if hasattr(other, "get_base_model") else other
+    params = {n.replace(".base_layer", ""): p for n, p in lm.named_parameters(remove_duplicate=False)}
+    buffers = {n.replace(".base_layer", ""): b for n, b in lm.named_buffers(remove_duplicate=False)}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config))
+    for name, _ in list(model.named_parameters(remove_duplicate=False)):
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(params[name].data, requires_grad=False)
+    for name, _ in list(model.named_buffers(remove_duplicate=False)):
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attr] = buffers[name].detach().clone()
+    model.generation_config = copy.deepcopy(lm.generation_config)
+    return model.eval()
+
+
 class _StepLogprobs(StoppingCriteria):
     """Records, at every step of `generate`, the sampling log-prob of the token just drawn.
 
@@ -130,10 +150,26 @@ class HFEngine(RolloutEngine):
         tokenizer=None,
         use_chat_template: bool = False,
         max_batch_sequences: int = 64,
+        share_with: torch.nn.Module | None = None,
     ) -> HFEngine:
-        """Load a model by alias (`tiny-s`, `qwen2.5-1.5b`), local folder or hub id."""
-        from node.models.registry import load_model
+        """Load a model by alias (`tiny-s`, `qwen2.5-1.5b`), local folder or hub id.
 
+        `share_with`: a model of the same weights whose frozen tensors this engine uses as
+        its base instead of loading its own (a LoRA trainer's model; see
+        `share_base_weights`): no second copy is ever made, not even while loading.
+        """
+        from node.models.registry import load_model, load_tokenizer, model_folder, resolve_model
+
+        if share_with is not None:
+            loaded = _model_on(share_with)
+            if tokenizer is None:
+                tokenizer = load_tokenizer(model_folder(resolve_model(model)))
+            loaded_tokenizer = tokenizer
+            engine = cls(
+                loaded, loaded_tokenizer, use_chat_template=use_chat_template, max_batch_sequences=max_batch_sequences
+            )
+            engine._shared = [n.replace(".base_layer", "") for n, _ in loaded.named_parameters()]
+            return engine
         loaded, loaded_tokenizer = load_model(model, dtype=dtype, device=device)
         return cls(
             loaded,
