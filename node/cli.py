@@ -332,6 +332,10 @@ def bench_wan(
     prompts_per_round: int | None = typer.Option(None, min=1, help=shown_default("Prompts.", "the node's")),
     group_size: int | None = typer.Option(None, min=2, help=shown_default("G.", "the node's")),
     max_tokens: int | None = typer.Option(None, min=1, help=shown_default("Completion tokens.", "the node's")),
+    blocked: int = typer.Option(0, min=0, help="The last N nodes announce an address nobody can dial."),
+    blocked_flag: list[str] | None = typer.Option(
+        None, help=shown_default("Extra `join` flag for the blocked nodes, e.g. --client-mode (repeatable).", "none")
+    ),
     keep: Path | None = typer.Option(None, help="Keep the nodes' data and logs in this folder."),
     check: bool = typer.Option(False, help="Exit 1 unless every goal for these link settings is met."),
 ) -> None:
@@ -351,6 +355,8 @@ def bench_wan(
             prompts_per_round=prompts_per_round,
             group_size=group_size,
             max_tokens=max_tokens,
+            blocked=blocked,
+            blocked_flags=tuple(blocked_flag or ()),
             keep=keep,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )

@@ -175,3 +175,24 @@ def test_reachability_check_at_start_says_whether_peers_can_dial_this_node():
             line = closed._require().reachability
             assert closed._require().reachable is False, line
             assert f"/ip4/127.0.0.1/tcp/{dead_port} refused" in line and "--announce" in line
+
+
+@needs_root
+@pytest.mark.timeout(300)
+def test_a_fetch_cut_by_the_deadline_is_delivered_by_the_next_gather():
+    """Two real Swarms behind 400 ms proxies: the body of a gather that ran out of time arrives in the next."""
+    script = os.path.join(os.path.dirname(__file__), "wan_late_fetch.py")
+    with WanNet(2, delay_ms=400, jitter_ms=20, loss=0.0, seed=5) as net:
+        ports = [str(p) for i in range(2) for p in (net.node_port(i), net.proxy_port(i))]
+        env = os.environ | {"PYTHONPATH": os.path.dirname(os.path.dirname(script))}
+        done = subprocess.run(
+            net.exec_prefix() + [sys.executable, script, *ports], capture_output=True, text=True, timeout=280, env=env
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tries = json.loads(done.stdout.strip().splitlines()[-1])
+    last = tries[-1]
+    assert last["first"]["carried"] == 1 and last["first"]["packets"] == 0, tries
+    assert "fetch_timeout" not in last["first"]["rejected"], tries  # not judged at the deadline
+    # The next gather (round r + 1) delivers B's round-r packet, intact, as a late fetch.
+    assert [True, 0, True] in last["second"]["packets"] and last["second"]["late"] == 1, tries
+    assert "fetch_timeout" not in last["second"]["rejected"], tries

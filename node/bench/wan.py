@@ -9,7 +9,11 @@ rounds are read from its status.json:
 - a peer packet arrived (peers answered >= 1), over the rounds after the first two;
 - body fetches: delivered, timed out (fetch_timeout), failed (fetch_failed, body_not_found);
 - rounds within their bucket (the round took at most round_seconds);
-- peers answered per round.
+- peers answered per round;
+- with `blocked` > 0, the last `blocked` nodes announce an address nobody can dial (a port
+  where nothing listens: inbound connections are refused, as behind a NAT or a firewall);
+  for each of their rounds after the first two, whether another node received their
+  packet in the same round.
 
 Also checked: no p2pd connection goes straight to a node port (`ss -tnp`, sampled during
 the run: every node-to-node connection crosses a proxy), and how many segments the loss
@@ -39,10 +43,11 @@ _STOP_S = 120.0
 _SAMPLE_S = 2.0
 
 
-def _node_cmd(net: WanNet, i: int, data: Path, opts: dict[str, Any]) -> list[str]:
+def _node_cmd(net: WanNet, i: int, data: Path, opts: dict[str, Any], blocked: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "node.cli", "join", "--name", f"n{i}", "--model", "tiny-m" if i % 2 == 0 else "tiny-s"]
     cmd += ["--data-dir", str(data / f"n{i}"), "--swarm-id", "wan", "--seed", str(1000 + i), "--threads", "1"]
-    cmd += ["--host", "127.0.0.1", "--port", str(net.node_port(i)), "--announce", net.announce(i)]
+    announce = net.unreachable(i) if blocked else net.announce(i)
+    cmd += ["--host", "127.0.0.1", "--port", str(net.node_port(i)), "--announce", announce]
     cmd += ["--api-host", "127.0.0.1", "--api-port", str(net.api_port(i))]
     if i > 0:
         cmd += ["--swarm", f"http://127.0.0.1:{net.api_port(0)}", "--swarm-wait", str(_START_S)]
@@ -72,12 +77,16 @@ def run_wan_bench(
     group_size: int | None = None,
     max_tokens: int | None = None,
     seed: int | None = None,
+    blocked: int = 0,
+    blocked_flags: tuple[str, ...] = (),
     keep: Path | None = None,
     progress=None,
 ) -> dict[str, Any]:
     """Run the swarm over the emulated WAN and return the figures (see the module doc)."""
     if nodes < 2 or rounds < 1:
         raise ValueError("the WAN bench needs nodes >= 2 and rounds >= 1")
+    if not 0 <= blocked < nodes:
+        raise ValueError(f"blocked must be 0..{nodes - 1} (node 0 starts the swarm and must be reachable)")
     from node.models import model_folder, resolve_model
 
     for model in ("tiny-s", "tiny-m"):
@@ -104,7 +113,9 @@ def run_wan_bench(
             for i in range(nodes):
                 log = open(data / f"n{i}.log", "w")
                 logs.append(log)
-                cmd = net.exec_prefix() + _node_cmd(net, i, data, opts)
+                is_blocked = i >= nodes - blocked
+                cmd = net.exec_prefix() + _node_cmd(net, i, data, opts, is_blocked)
+                cmd += list(blocked_flags) if is_blocked else []
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
             say(f"{nodes} nodes started in namespace {net.name}")
             status_files = [data / f"n{i}" / "status.json" for i in range(nodes)]
@@ -150,6 +161,7 @@ def run_wan_bench(
             log.close()
     statuses = [_read_status(data / f"n{i}" / "status.json") for i in range(nodes)]
     result = _figures(statuses, rounds, bucket or 30.0)
+    result["blocked"] = _blocked_reach(statuses, rounds, blocked)
     result.update(
         settings={
             "nodes": nodes,
@@ -157,6 +169,8 @@ def run_wan_bench(
             "delay_ms": delay_ms,
             "jitter_ms": jitter_ms,
             "loss": loss,
+            "blocked": blocked,
+            "blocked_flags": list(blocked_flags),
             "round_seconds": bucket,
             "gather_seconds": next((s.get("gather_seconds") for s in statuses if s.get("gather_seconds")), None),
             **{k: v for k, v in opts.items() if v is not None and k not in ("round_seconds", "gather_seconds")},
@@ -221,6 +235,33 @@ def _figures(statuses: list[dict[str, Any]], rounds: int, bucket: float) -> dict
     }
 
 
+def _blocked_reach(statuses: list[dict[str, Any]], rounds: int, blocked: int) -> dict[str, Any]:
+    """Per blocked node: the share of its rounds (after the warm-up) whose packet some peer received that round."""
+    out: dict[str, Any] = {}
+    for i in range(len(statuses) - blocked, len(statuses)):
+        me = statuses[i].get("peer_id")
+        mine = [h["round"] for h in statuses[i].get("history", []) if (h.get("round_in_run") or 0) <= rounds]
+        mine = mine[WARMUP_ROUNDS:]
+        heard = {h["round"] for j, s in enumerate(statuses) if j != i for h in s.get("history", []) if _received(h, me)}
+        reached = sum(r in heard for r in mine)
+        rate = round(reached / len(mine), 4) if mine else None
+        out[f"n{i}"] = {"rounds": len(mine), "reached": reached, "rate": rate}
+    return out
+
+
+def _received(record: dict[str, Any], peer: str | None) -> bool:
+    """Whether a round's record shows a packet from `peer`: samples admitted, or an entry in a round
+    without network failures (a packet whose content was rejected still arrived)."""
+    entry = (record.get("peers") or {}).get(peer)
+    if entry is None:
+        return False
+    network = sum(int((record.get("rejected") or {}).get(k, 0)) for k in _NETWORK_FAILURES)
+    return (entry.get("admitted") or 0) > 0 or network == 0
+
+
+_NETWORK_FAILURES = ("fetch_timeout", "fetch_failed", "body_not_found")
+
+
 GOALS = {  # (delay_ms, loss) -> thresholds from issue 22
     (100.0, 0.02): {"peer_packet_rate": 0.95, "fetch_failure_rate_max": 0.05, "in_bucket_rate": 0.95},
     (300.0, 0.05): {"peer_packet_rate": 0.90},
@@ -241,6 +282,8 @@ def check_goals(result: dict[str, Any]) -> dict[str, bool]:
         met[f"fetch failures <= {goal['fetch_failure_rate_max']}"] = rate is not None and (
             rate <= goal["fetch_failure_rate_max"]
         )
+    for name, b in result.get("blocked", {}).items():
+        met[f"blocked {name} reaches a peer in >= 90 % of its rounds"] = (b["rate"] or 0) >= 0.9
     if "in_bucket_rate" in goal:
         met[f"rounds in bucket >= {goal['in_bucket_rate']}"] = (result["in_bucket_rate"] or 0) >= goal["in_bucket_rate"]
     return met
@@ -270,6 +313,8 @@ def format_wan_bench(result: dict[str, Any]) -> str:
         f"  load average {result['load_before'][0]} -> {result['load_after'][0]} on {result['cpu_count']} CPUs; "
         f"{result['wall_s']} s; crashed: {result['crashed'] or 'none'}"
     )
+    for name, b in result.get("blocked", {}).items():
+        lines.append(f"  blocked {name}: its packet reached a peer in {b['reached']} of its {b['rounds']} rounds")
     for goal, met in check_goals(result).items():
         lines.append(f"  goal {goal}: {'met' if met else 'NOT met'}")
     return "\n".join(lines)

@@ -106,6 +106,10 @@ class WanNet:
     def announce(self, i: int) -> str:
         return f"/ip4/127.0.0.1/tcp/{self.proxy_port(i)}"
 
+    def unreachable(self, i: int) -> str:
+        """An address for node i that nobody can dial: a port in the proxy range where nothing listens."""
+        return f"/ip4/127.0.0.1/tcp/{PROXY_PORT + _PORT_RANGE - 1 - i}"
+
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
 
