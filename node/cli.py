@@ -470,6 +470,39 @@ def _prepare_model(config, printer) -> None:
             model_folder(spec, progress=False)
 
 
+def _fit_memory(config):
+    """The settings with the micro-batch fitted to the free memory (or given); one `error:` line if
+    the model cannot fit."""
+    from node.preflight import PreflightError, check_memory
+
+    try:
+        config, memory = check_memory(config)
+    except PreflightError as err:
+        _fail(str(err))
+    if memory is not None:
+        print(f"memory: {memory.line()}; micro-batch {memory.micro_batch_tokens} tokens", file=sys.stderr, flush=True)
+    return config
+
+
+def _memory_estimate(config) -> dict | str:
+    """What --dry-run says about memory: the plan for a model already at hand, else why not."""
+    from node.memory import gb
+    from node.preflight import PreflightError, check_memory
+
+    try:
+        _, memory = check_memory(config, build=False)
+    except PreflightError as err:
+        return f"error: {err}"
+    if memory is None:
+        return "unknown until the model is at hand (built, converted or downloaded)"
+    return {
+        "needs": gb(memory.needed),
+        "free": gb(memory.free),
+        "micro_batch_tokens": memory.micro_batch_tokens,
+        "parts": {k: gb(v) for k, v in memory.estimate.parts.items()},
+    }
+
+
 def _run_node(config, *, use_swarm: bool) -> None:
     from node.daemon import Node, install_stop_handlers
     from node.models import ModelLoadError
@@ -488,6 +521,7 @@ def _run_node(config, *, use_swarm: bool) -> None:
     install_stop_handlers(node)
     try:
         _prepare_model(config, printer)
+        node.cfg = config = _fit_memory(config)  # needs the model's config.json, which _prepare_model made
         with printer.loading():
             node.setup()
     # OSError: e.g. a port taken since the check; ValueError: a bad task or checkpoint setting
@@ -516,6 +550,7 @@ def join(
         settings = config.model_dump(mode="json")
         if settings["seed"] is None:  # resolved once the node has its identity
             settings["seed"] = "from identity (a hash of the node's peer id)"
+        settings["memory"] = _memory_estimate(config)
         typer.echo(json.dumps(settings, indent=2))
         return
     _run_node(config, use_swarm=True)

@@ -63,6 +63,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "seed": ("node.train.trainer", "TrainerConfig", "seed"),
     "device": ("node.train.trainer", "TrainerConfig", "device"),
     "dtype": ("node.train.trainer", "TrainerConfig", "dtype"),
+    "gradient_checkpointing": ("node.train.trainer", "TrainerConfig", "gradient_checkpointing"),
     "temperature": ("node.rollout.base", "Sampling", "temperature"),
     "top_p": ("node.rollout.base", "Sampling", "top_p"),
     "top_k": ("node.rollout.base", "Sampling", "top_k"),
@@ -165,6 +166,15 @@ class NodeConfig(BaseSettings):
     device: str = Field("cpu", description="Where the trainer and the hf engine run: cpu, cuda, cuda:1, ...")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights' dtype in the trainer and the hf engine (bfloat16 on GPUs)."
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Padded tokens per training forward/backward pass.",
+        json_schema_extra=_extra("256 on a CPU; on a GPU the largest of 4096, 2048, ..., 256 that fits"),
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer in the backward pass: less memory, about a third more training time."
     )
     # --- the round
     rounds: int | None = Field(
@@ -339,6 +349,8 @@ class NodeConfig(BaseSettings):
             seed=self.seed if self.seed is not None else 0,  # the node resolves None before it builds its trainer
             device=self.device,
             dtype=self.dtype,
+            micro_batch_tokens=self.micro_batch_tokens or 4096,  # None: preflight fits it to the machine
+            gradient_checkpointing=self.gradient_checkpointing,
         )
 
     def generation(self, has_chat_template: bool) -> GenerationDefaults:

@@ -117,7 +117,7 @@ class Node:
         extra = (
             {"reference_logprobs": self._local_logprobs, "max_lora_rank": cfg.lora_rank} if cfg.engine == "vllm" else {}
         )
-        if cfg.engine == "hf" and cfg.train_mode == "lora":  # one copy of the frozen base: the trainer's
+        if cfg.engine == "hf":  # one copy of the weights: the trainer's (a LoRA's frozen base, or the live full model)
             extra = {"share_with": self.trainer.model}
         self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype, **extra)
         self.tokenizer = self.engine.tokenizer

@@ -42,6 +42,10 @@ ACT_HIDDEN, ACT_INTERMEDIATE = 10.0, 4.0
 SLACK = 0.10
 #: The micro-batch sizes `fit_micro_batch` chooses among, largest first.
 MICRO_BATCH_CHOICES = (4096, 2048, 1024, 512, 256)
+#: A CPU node's micro-batch: a CPU trains as many tokens a second at 256 tokens a micro-batch as
+#: at 4096 (SmolLM2 LoRA, 16 x 160 tokens: 21.5, 19.6 and 21.1 CPU-s at 256, 1024 and 4096;
+#: docs/benchmarks.md, "Memory"), while the activations grow with it (about 2 MB a token).
+CPU_MICRO_BATCH = 256
 
 
 def gb(n: float) -> str:
@@ -245,9 +249,10 @@ def total_bytes(device: str = "cpu") -> int:
 
 
 def plan(cfg: Any, shape: ModelShape, *, free: float | None = None) -> MemoryPlan:
-    """The micro-batch for node settings `cfg` (a NodeConfig): the given one, or the largest that fits.
+    """The micro-batch for node settings `cfg` (a NodeConfig): the given one; else `CPU_MICRO_BATCH`
+    on a CPU, and on a GPU the largest of `MICRO_BATCH_CHOICES` that fits its free memory.
 
-    `fits` is False when even the given (or the smallest) micro-batch needs more than is free.
+    `fits` is False when even that micro-batch needs more than is free.
     """
     kind = "cuda" if cfg.device.startswith("cuda") else "cpu"
     available = float(free if free is not None else free_bytes(cfg.device))
@@ -261,9 +266,14 @@ def plan(cfg: Any, shape: ModelShape, *, free: float | None = None) -> MemoryPla
         "generate_sequences": min(64, cfg.prompts_per_round * cfg.group_size),
         "sequence_tokens": PROMPT_TOKENS + max_tokens,
         "lora_rank": cfg.lora_rank,
-        "engine_weights": cfg.engine == "hf" and cfg.train_mode == "full",  # LoRA: the engine shares the base
+        "engine_weights": False,  # hf: the engine's tensors are the trainer's; vllm: in its own share below
     }
-    tokens = cfg.micro_batch_tokens or fit_micro_batch(shape, available, **settings) or MICRO_BATCH_CHOICES[-1]
+    if cfg.micro_batch_tokens:
+        tokens = cfg.micro_batch_tokens
+    elif kind == "cpu":
+        tokens = CPU_MICRO_BATCH
+    else:
+        tokens = fit_micro_batch(shape, available, **settings) or MICRO_BATCH_CHOICES[-1]
     est = estimate(shape, micro_batch_tokens=tokens, **settings)
     return MemoryPlan(
         micro_batch_tokens=tokens, needed=est.total, free=available, estimate=est, fits=est.total <= available

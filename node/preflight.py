@@ -101,3 +101,51 @@ def check_all(cfg: NodeConfig, *, use_swarm: bool) -> NodeConfig:
     if use_swarm and cfg.swarm:
         return cfg.model_copy(update={"swarm": resolve_swarm(cfg)})
     return cfg
+
+
+def model_shape(cfg: NodeConfig, *, build: bool = True):
+    """The model's `ModelShape` from its config.json, or None when that cannot be read now
+    (a Hub model not in the local cache, a model type without the usual sizes; with
+    `build=False`, a project model not built yet)."""
+    from node.memory import ModelShape
+    from node.models import model_folder, models_dir, resolve_model
+
+    try:
+        spec = resolve_model(cfg.model)
+        if not build and spec.kind in ("tiny", "embedded") and not any(models_dir().glob(f"{spec.name}-*")):
+            return None
+        if spec.kind == "hub" and spec.hf_id is not None:
+            from transformers import AutoConfig
+
+            from node.models.hub import hub_load_options
+
+            return ModelShape.from_config(AutoConfig.from_pretrained(spec.hf_id, **hub_load_options(spec.hf_id)))
+        return ModelShape.from_folder(model_folder(spec))
+    except Exception:  # no estimate is better than a node that will not start over one
+        return None
+
+
+def check_memory(cfg: NodeConfig, *, build: bool = True):
+    """(settings with --micro-batch-tokens decided, the memory plan or None): the largest
+    micro-batch that fits the free memory when none was given; PreflightError when the
+    model does not fit at all. `build`: as for `model_shape`."""
+    from node.memory import MICRO_BATCH_CHOICES, gb, plan
+
+    shape = model_shape(cfg, build=build)
+    if shape is None:
+        return cfg, None
+    memory = plan(cfg, shape)
+    if not memory.fits:
+        smaller = [t for t in MICRO_BATCH_CHOICES if t < memory.micro_batch_tokens]
+        hint = (
+            f"try {flag_name('micro_batch_tokens')} {smaller[0]} or a smaller model"
+            if smaller
+            else "try a smaller model"
+        )
+        if cfg.train_mode == "full":
+            hint += f" ({flag_name('train_mode')} lora, {flag_name('gradient_checkpointing')})"
+        raise PreflightError(
+            f"{cfg.model} needs about {gb(memory.needed)}, {gb(memory.free)} free "
+            f"(micro-batch {memory.micro_batch_tokens} tokens); {hint}"
+        )
+    return cfg.model_copy(update={"micro_batch_tokens": memory.micro_batch_tokens}), memory

@@ -34,6 +34,7 @@ BAD_VALUES = {
     "lr": "0",
     "threads": "-1",
     "dtype": "float8",
+    "micro_batch_tokens": "0",
     "rounds": "0",
     "round_seconds": "0",
     "prompts_per_round": "257",

@@ -76,3 +76,18 @@ def test_an_engine_built_on_the_trainers_tensors_allocates_no_weights(tiny_model
     for engine in (built, loaded):
         engine.load_state(trainer.published_state(), trainer.adapter_version, lora_config=trainer.lora_config)
     _same(_draw(built), _draw(loaded), atol=1e-5)
+
+
+def test_a_full_trainers_engine_samples_each_steps_weights(tiny_model_dir: Path) -> None:
+    """Full fine-tuning shares too: the hand-over of the trainer's state copies nothing, and the
+    engine samples what a private engine given the same state does."""
+    from node.rollout.hf import HFEngine
+
+    trainer = Trainer(tiny_model_dir, TrainerConfig(mode="full", lr=1e-3, seed=1))
+    built = HFEngine.from_pretrained(tiny_model_dir, share_with=trainer.model)
+    loaded = make_engine("hf", tiny_model_dir)
+    trainer.step(make_batch(tiny_model_dir, n=3))
+    for engine in (built, loaded):
+        engine.load_state(trainer.published_state(), trainer.adapter_version)
+    assert {p.data_ptr() for p in built.base_model.parameters()} <= {p.data_ptr() for p in trainer.model.parameters()}
+    _same(_draw(built), _draw(loaded), atol=1e-5)

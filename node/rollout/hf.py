@@ -154,9 +154,11 @@ class HFEngine(RolloutEngine):
     ) -> HFEngine:
         """Load a model by alias (`tiny-s`, `qwen2.5-1.5b`), local folder or hub id.
 
-        `share_with`: a model of the same weights whose frozen tensors this engine uses as
-        its base instead of loading its own (a LoRA trainer's model; see
-        `share_base_weights`): no second copy is ever made, not even while loading.
+        `share_with`: a model of the same weights whose tensors this engine uses instead of
+        loading its own: no second copy is ever made, not even while loading. A LoRA
+        trainer's frozen base (see `share_base_weights`), or a full trainer's live weights:
+        then `load_state` of those same tensors copies nothing, and the engine samples
+        from each step's weights as soon as the step is taken.
         """
         from node.models.registry import load_model, load_tokenizer, model_folder, resolve_model
 
@@ -328,6 +330,16 @@ class HFEngine(RolloutEngine):
         gc.collect()
         return freed
 
+    def _holds(self, state: Mapping[str, torch.Tensor]) -> bool:
+        """Whether every weight of this engine IS the same-named tensor of `state` (a full trainer's
+        weights, shared through `share_with`): its steps are then already here."""
+        mine = dict(self.base_model.named_parameters())
+        return (
+            bool(self._shared)
+            and mine.keys() <= state.keys()
+            and all(state[n].data_ptr() == p.data_ptr() for n, p in mine.items())
+        )
+
     def _unshare(self) -> None:
         """Private copies of shared base weights, before anything writes into them."""
         if not self._shared:
@@ -384,6 +396,9 @@ class HFEngine(RolloutEngine):
         is copied, so a bad state leaves the engine's weights as they were.
         """
         if lora_config is None:
+            if self._peft is None and self._holds(state):  # built on these very tensors: nothing to copy
+                self._version = version
+                return
             had_adapter = self._peft is not None
             self._drop_adapter()
             self._unshare()
