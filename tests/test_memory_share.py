@@ -91,3 +91,19 @@ def test_a_full_trainers_engine_samples_each_steps_weights(tiny_model_dir: Path)
         engine.load_state(trainer.published_state(), trainer.adapter_version)
     assert {p.data_ptr() for p in built.base_model.parameters()} <= {p.data_ptr() for p in trainer.model.parameters()}
     _same(_draw(built), _draw(loaded), atol=1e-5)
+
+
+def test_a_full_node_plays_rounds_on_one_copy_of_its_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The daemon's wiring: a full fine-tuning node's engine samples from the trainer's own tensors."""
+    from node.bench.rounds import solo_node
+
+    node = solo_node(tmp_path / "node", "full", model=str(tiny_model_dir), train_mode="full", lr=1e-3, seed=3)
+    try:
+        trained = {p.data_ptr() for p in node.trainer.model.parameters()}
+        for r in range(2):
+            node.finish_round(r, node.begin_round(r))
+            assert node.trainer.steps == r + 1
+            assert node.engine.adapter_version == node.trainer.adapter_version
+            assert {p.data_ptr() for p in node.engine.base_model.parameters()} <= trained
+    finally:
+        node.close()
