@@ -58,10 +58,10 @@ class GainSettings(BaseModel):
 
     model: str = "smollm2-135m-embedded"
     nodes: int = Field(2, ge=2)
-    rounds: int = Field(12, ge=1)
+    rounds: int = Field(8, ge=1)
     prompts_per_round: int = Field(4, ge=2)
     group_size: int = Field(8, ge=2)
-    max_tokens: int = Field(48, ge=1)
+    max_tokens: int = Field(32, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
     shares: list[float] = Field(default_factory=lambda: [0.5], min_length=1)  # 0.5 = 4/4, 0.25 = 6/2
     losses: list[Literal["nois", "f-tis"]] = Field(default_factory=lambda: list(LOSSES), min_length=1)
@@ -95,10 +95,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The heterogeneous swarm's first node is the homogeneous one's (T 0.7, same seed): one isolation run less.
     "short": dict(
         nodes=2,
-        rounds=10,
+        rounds=8,
         prompts_per_round=4,
         group_size=8,
-        max_tokens=40,
+        max_tokens=32,
         seeds=[0, 1],
         shares=[0.5],
         hetero_temperatures=(0.7, 1.0),
@@ -112,6 +112,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         seeds=[0, 1, 2],
         shares=[0.5, 0.25],
         hetero_temperatures=(0.4, 1.0),
+    ),
+    # The project's tiny models on the toy task: the whole grid in about half an hour on 2 cores.
+    "toy": dict(
+        model="tiny-m",
+        nodes=2,
+        rounds=20,
+        prompts_per_round=4,
+        group_size=8,
+        max_tokens=12,
+        seeds=[0, 1],
+        shares=[0.5, 0.25],
+        task="toy",
+        ood_task="toy:ood",
+        temperature=1.0,
+        hetero_temperatures=(1.0, 1.4),
+        lr=2e-3,  # the experiment's LoRA rate for the tiny models (docs/reproduction.md)
+        eval_problems=64,
     ),
     # The end-to-end test's: tiny model, a few seconds a run.
     "tiny": dict(

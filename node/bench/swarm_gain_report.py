@@ -260,7 +260,8 @@ def plot_gain(summary: dict[str, Any], runs_dir: Path, path: Path) -> Path | Non
         ax.set_title(f"{swarm} swarm")
         ax.set_xlabel("round")
         ax.set_ylabel("cumulative reward (mean over nodes, seeds)")
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
