@@ -286,6 +286,7 @@ def bench_swarm_gain(
     prompts_per_round: int | None = typer.Option(None, min=2, help=shown_default("Prompts.", "the preset's")),
     max_tokens: int | None = typer.Option(None, min=1, help=shown_default("Completion tokens.", "the preset's")),
     threads: int = typer.Option(0, min=0, help="CPU threads for torch (0 = torch's default)."),
+    report_only: bool = typer.Option(False, help="Run nothing: write the report of the runs --work holds."),
 ) -> None:
     """Nodes in a swarm vs alone at equal generation: cumulative, held-out and OOD reward, NoIS vs F-TIS."""
     from pydantic import ValidationError
@@ -312,6 +313,7 @@ def bench_swarm_gain(
             out=out,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
             command=" ".join(["ftis-node", *sys.argv[1:]]),
+            report_only=report_only,
         )
     except (ValueError, ValidationError) as err:
         _fail(str(err).splitlines()[0] if not isinstance(err, ValidationError) else str(err.errors()[0]["msg"]))

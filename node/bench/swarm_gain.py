@@ -300,9 +300,11 @@ def run_swarm_gain(
     out: Path | None = None,
     progress: Callable[[str], None] | None = None,
     command: str = "",
+    report_only: bool = False,
 ) -> dict[str, Any]:
     """Every configuration x seed (isolation first), each saved under `work/runs/` as it
-    finishes and skipped when already there; the summary goes to `out` (json, md, png)."""
+    finishes and skipped when already there; the summary goes to `out` (json, md, png).
+    `report_only`: run nothing, summarise the runs `work` holds (a run still going, or cut)."""
     from node.bench.swarm_gain_report import summarize_gain, write_gain_report
     from node.experiment.runner import quiet_hf
 
@@ -310,9 +312,10 @@ def run_swarm_gain(
     runs_dir = Path(work) / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     saved = Path(work) / "settings.json"
-    if saved.exists() and json.loads(saved.read_text()) != settings.model_dump(mode="json"):
+    what = settings.model_dump(mode="json", exclude={"threads"})  # threads change the time, not the figures
+    if saved.exists() and {k: v for k, v in json.loads(saved.read_text()).items() if k != "threads"} != what:
         raise ValueError(f"{work} holds runs of other settings ({saved}); pass another --work folder")
-    saved.write_text(json.dumps(settings.model_dump(mode="json"), indent=1))
+    saved.write_text(json.dumps(what, indent=1))
     evals = _evals(settings)
     before_path = Path(work) / "before.json"  # the untrained model's evals, by temperature
     before_cache: dict = {}
@@ -336,6 +339,8 @@ def run_swarm_gain(
         for swarm, loss, share, seed in plan:
             key = _run_key(swarm, loss, share, seed)
             path = runs_dir / f"{key}.json"
+            if report_only:
+                continue
             if path.exists():
                 say(f"{key}: done before, skipped")
                 continue

@@ -238,7 +238,7 @@ def plot_gain(summary: dict[str, Any], runs_dir: Path, path: Path) -> Path | Non
     except ImportError:
         return None
     runs = _load_runs(runs_dir)
-    swarms = summary["settings"]["swarms"]
+    swarms, shares = summary["settings"]["swarms"], summary["settings"]["shares"]
     fig, axes = plt.subplots(1, len(swarms), figsize=(6 * len(swarms), 4), squeeze=False)
     for ax, swarm in zip(axes[0], swarms):
         keys = {(r["loss"], r["share"]) for r in runs if r["swarm"] == swarm}
@@ -255,8 +255,10 @@ def plot_gain(summary: dict[str, Any], runs_dir: Path, path: Path) -> Path | Non
             if curves:
                 length = min(len(c) for c in curves)
                 mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
-                style = "k-" if loss == "alone" else ("-" if loss == "f-tis" else "--")
-                ax.plot(range(1, length + 1), mean, style, label=_config_name(loss, share))
+                # One colour per mix, solid F-TIS, dashed NoIS, black isolation.
+                color = "black" if loss == "alone" else f"C{sorted(shares, reverse=True).index(share)}"
+                style = "--" if loss == "nois" else "-"
+                ax.plot(range(1, length + 1), mean, style, color=color, label=_config_name(loss, share))
         ax.set_title(f"{swarm} swarm")
         ax.set_xlabel("round")
         ax.set_ylabel("cumulative reward (mean over nodes, seeds)")
