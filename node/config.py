@@ -75,6 +75,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "client_mode": ("node.swarm.dht", "SwarmConfig", "client_mode"),
     "auto_relay": ("node.swarm.dht", "SwarmConfig", "use_auto_relay"),
     "startup_timeout": ("node.swarm.dht", "SwarmConfig", "startup_timeout"),
+    "swarm_wait": ("node.swarm.dht", "SwarmConfig", "bootstrap_wait_s"),
     "round_seconds": ("node.swarm.dht", "SwarmConfig", "round_seconds"),
     "max_peers_per_round": ("node.swarm.dht", "SwarmConfig", "max_peers_per_round"),
     "shards": ("node.swarm.dht", "SwarmConfig", "shards"),
@@ -272,7 +273,9 @@ class NodeConfig(BaseSettings):
     auto_relay: bool = Field(False, description="Reach peers through relays (behind NAT).")
     startup_timeout: float = Field(60.0, description="Seconds to wait for the DHT to start.")
     swarm_wait: float = Field(
-        5.0, gt=0, description="Seconds to keep asking a --swarm status URL that does not answer yet."
+        120.0,
+        gt=0,
+        description="Seconds to keep asking a --swarm peer or status URL that does not answer yet (it may start).",
     )
     gather_seconds: float = Field(5.0, ge=0, description="Longest wait for peers' packets each round.")
     expect_peers: int | None = Field(
@@ -382,6 +385,7 @@ class NodeConfig(BaseSettings):
             client_mode=self.client_mode,
             use_auto_relay=self.auto_relay,
             startup_timeout=self.startup_timeout,
+            bootstrap_wait_s=self.swarm_wait,
             round_seconds=self.round_seconds,
             max_peers_per_round=self.max_peers_per_round,
             shards=self.shards,

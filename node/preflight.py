@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -62,12 +63,17 @@ def resolve_swarm(cfg: NodeConfig) -> list[str]:
     from node.swarm.join import resolve_initial_peers
 
     try:
-        return resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait)
+        return resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait, on_wait=_say)
     except SwarmStartError as err:
         message = str(err)
         if "within" in message:  # a status URL that did not answer in time
-            message += f"; if that node is still starting, pass {flag_name('swarm_wait')} 60"
+            message += f"; if that node is still starting, pass {flag_name('swarm_wait')} {2 * cfg.swarm_wait:g}"
         raise PreflightError(message) from None
+
+
+def _say(line: str) -> None:
+    """A joiner that waits says what for (stderr: stdout may be a pipe someone parses)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def check_model(cfg: NodeConfig) -> None:

@@ -179,7 +179,9 @@ def test_machine_mistakes_fail_fast_with_one_error_line(tmp_path):
         "data dir under a file": (["train", "--rounds", "1", "--data-dir", str(a_file / "node")], {}),
         "data dir not writable": (["train", "--rounds", "1", "--data-dir", "/proc/ftis-node-test"], {}),
         "status url unreachable": (
-            ["join", *common, "--data-dir", str(tmp_path / "c"), "--swarm", f"http://127.0.0.1:{_free_port()}"],
+            # a short --swarm-wait: the default (120 s) waits for a peer that is still starting
+            ["join", *common, "--data-dir", str(tmp_path / "c"), "--swarm", f"http://127.0.0.1:{_free_port()}"]
+            + ["--swarm-wait", "3"],
             {},
         ),
         "hub unreachable": (
