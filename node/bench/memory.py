@@ -243,7 +243,8 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
             for g in groups
         ]
 
-    _phase("admission", lambda groups=samples: admit(groups), out)
+    if setting.get("admission", True):  # a solo node admits nothing; the largest model skips it for time
+        _phase("admission", lambda groups=samples: admit(groups), out)
     seqs = [
         TrainSequence(
             prompt_ids=s.prompt_token_ids,
@@ -274,7 +275,7 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
         sequence_tokens=setting["prompt_tokens"] + setting["max_tokens"],
         engine_weights=not shared,
     )
-    phases = ["load", "generate", "admission", "train", "checkpoint"]
+    phases = [p for p in ("load", "generate", "admission", "train", "checkpoint") if p in out]
     out["round_peak"] = max(out[p]["peak_rss"] for p in phases)
     out["estimate"] = est.total
     out["estimate_parts"] = est.parts
@@ -364,7 +365,8 @@ def format_memory_bench(result: dict[str, Any]) -> str:
             lines.append(f"{r['model']:24} {r['mode']:4} {r['size']:8} {r['path']:6} error: {r['error']}")
             continue
         phases = " ".join(
-            f"{r[p]['peak_rss'] / 1e9:6.2f}" for p in ("load", "generate", "admission", "train", "checkpoint")
+            f"{r[p]['peak_rss'] / 1e9:6.2f}" if p in r else f"{'-':>6}"
+            for p in ("load", "generate", "admission", "train", "checkpoint")
         )
         speed = f"{r['generate']['tokens_per_cpu_s']:13.1f} {r['train']['tokens_per_cpu_s']:15.1f}"
         lines.append(
