@@ -574,6 +574,8 @@ def train(config, resume: bool = typer.Option(False, "--resume", help="Continue 
     ckpt_dir = config.node_dir / "checkpoints"
     if not resume and checkpoint_folders(ckpt_dir):  # good or not: never train over them unasked
         _fail(f"checkpoints exist in {ckpt_dir}; pass --resume to continue, or a new --data-dir / --name")
+    if resume and not checkpoint_folders(ckpt_dir):  # never start over when asked to continue
+        _fail(f"--resume: no checkpoint in {ckpt_dir} to continue from; leave out --resume to start fresh")
     _run_node(config.model_copy(update={"api_port": None}), use_swarm=False)
 
 
@@ -638,6 +640,9 @@ def demo(
     with_smollm: bool = typer.Option(False, help="Add a node running the embedded SmolLM2-135M (slow on CPU)."),
     keep_running: bool = typer.Option(False, help="Run until Ctrl-C instead of stopping after --rounds."),
     workdir: Path | None = typer.Option(None, help=shown_default("Folder for logs and checkpoints.", "a temp folder")),
+    swarm_wait: float | None = typer.Option(
+        None, min=1, help=shown_default("Seconds a joining node keeps asking the first node.", "120")
+    ),
 ) -> None:
     """A local swarm of heterogeneous nodes on loopback, with a live table and a summary."""
     from node.demo import Demo
@@ -651,12 +656,16 @@ def demo(
             with_smollm=with_smollm,
             keep_running=keep_running,
             workdir=workdir,
+            swarm_wait=swarm_wait,
         )
     except ValueError as err:
         _fail(str(err))
     summary = runner.run()
-    if any(s["exit_code"] not in (0, None) for s in summary.values()):
-        _fail(f"a node failed; see the logs in {runner.workdir}", code=1)
+    if runner.failure is not None:
+        _fail(f"{runner.failure}; logs in {runner.workdir}", code=1)
+    failed = [name for name, s in summary.items() if s["exit_code"] not in (0, None)]
+    if failed:
+        _fail(f"node(s) {', '.join(failed)} failed; see their logs in {runner.workdir}", code=1)
 
 
 @app.command()

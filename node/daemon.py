@@ -25,7 +25,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import math
 import os
 import random
 import signal
@@ -186,6 +185,7 @@ class Node:
         self.cfg.node_dir.mkdir(parents=True, exist_ok=True)  # status.json lands here before any checkpoint
         ckpt = load_latest(self.ckpt_dir, restore=self.trainer.resume, strict=True)
         if ckpt is None:
+            self._say_started_fresh()
             return
         self._load_engine_weights()
         self.round_done = ckpt.round
@@ -212,6 +212,19 @@ class Node:
                 "lost_rounds": len(after),
             }
         )
+
+    def _say_started_fresh(self) -> None:
+        """A restart with no checkpoint says what the earlier run played and this one lost."""
+        played = self._rounds_played()
+        if not played:
+            return
+        message = (
+            f"no checkpoint in {self.ckpt_dir}: the {len(played)} round(s) the earlier run played "
+            f"(up to round {max(played)}) are lost; starting fresh from the model's own weights "
+            f"(a checkpoint is written every {self.cfg.checkpoint_every} rounds)"
+        )
+        logger.warning(message)
+        self.status.set(started_fresh={"lost_rounds": len(played), "last_round": max(played)}, notices=[message])
 
     def _rounds_played(self) -> list[int]:
         """The rounds the previous run recorded in status.json (none if it left no file)."""
@@ -253,7 +266,7 @@ class Node:
         node_dir.mkdir(parents=True, exist_ok=True)
         self.swarm = Swarm(
             cfg.swarm_config(
-                initial_peers=resolve_initial_peers(cfg.swarm, timeout=cfg.startup_timeout),
+                initial_peers=resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait),
                 identity_path=node_dir / "identity.key",
             )
         ).start()
@@ -280,9 +293,29 @@ class Node:
                 results.append(result)
                 if self.on_round:
                     self.on_round(result)
+            if results and not self.stopping and self.swarm is not None:
+                self._serve_last_packet(results[-1].round)
         finally:
             self.close()
         return results
+
+    def _serve_last_packet(self, r: int) -> None:
+        """After its last round (--rounds), keep the DHT up while peers may still fetch round r's body.
+
+        Peers read round r in their gathers of rounds r .. r + STALE_ROUNDS; the last of those
+        ends with bucket r + STALE_ROUNDS. So the node waits until then: at most
+        (1 + STALE_ROUNDS) round lengths, less if its last round ran late. A stop ends it at once.
+        """
+        from protocol.keys import STALE_ROUNDS, round_start
+
+        rs = self.cfg.round_seconds
+        wait = min(round_start(r + 1 + STALE_ROUNDS, rs) - self.swarm.dht_time(), (1 + STALE_ROUNDS) * rs)
+        if wait <= 0:
+            return
+        self.status.set_phase("serving last packet", r, until=time.time() + wait)
+        end = time.monotonic() + wait
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
 
     def _finished(self, played: int) -> bool:
         """`rounds` counts this run's rounds in a swarm, and the total (resume included) solo."""
@@ -415,7 +448,7 @@ class Node:
         if self.swarm is None:
             return
         try:
-            self.status.set_swarm_peers(list(self.swarm.known_peers()))
+            self.status.set_swarm_peers(list(self.swarm.known_peers()), current_round=self.round_done)
         except Exception as e:  # a view for people: never worth a round
             logger.debug("known_peers failed: %r", e)
 
@@ -443,11 +476,12 @@ class Node:
             seconds, bucket = time.time() - start, self.cfg.round_seconds
             late = round_at(self.swarm.dht_time(), bucket) - r - 1  # buckets that passed unplayed
             if seconds > bucket or late > 0:
-                suggest = max(bucket * 2, math.ceil(seconds * 1.5 / 10) * 10)
+                from node.progress import overrun_advice
+
                 skipped = f", so {late} round(s) of the swarm went by without this node" if late > 0 else ""
+                advice = overrun_advice(self.status.phase_seconds(), seconds, bucket, self.cfg)
                 notices.append(
-                    f"this round took {seconds:.3g} s, longer than its {bucket:g} s bucket{skipped}; "
-                    f"pass a longer --round-seconds (e.g. {suggest:g}) or fewer --prompts-per-round / --max-tokens"
+                    f"this round took {seconds:.3g} s, longer than its {bucket:g} s bucket{skipped}: {advice}"
                 )
         return notices
 

@@ -201,8 +201,13 @@ function drawTiles(s) {
     delta = `${dv >= 0 ? "+" : ""}${dv.toFixed(3)} vs previous · `;
     cls = dv > 0 ? "up" : (dv < 0 ? "down" : "");
   }
-  const rejectedTotal = Object.values(s.rejected || {}).reduce((a, b) => a + b, 0);
-  const topReason = Object.entries(s.rejected || {}).sort((a, b) => b[1] - a[1])[0];
+  // Content a peer sent and we refused, apart from the network's failures (fetches, DHT calls).
+  const failures = s.failures || { content: s.rejected || {}, network: s.swarm_errors || {} };
+  const rejectedTotal = Object.values(failures.content || {}).reduce((a, b) => a + b, 0);
+  const networkTotal = Object.values(failures.network || {}).reduce((a, b) => a + b, 0);
+  const perRound = (n) => `${fmt(n / Math.max(s.rounds_done || 0, 1), 2)}/round`;
+  const topNetwork = Object.entries(failures.network || {}).sort((a, b) => b[1] - a[1])[0];
+  const topReason = Object.entries(failures.content || {}).sort((a, b) => b[1] - a[1])[0];
   const heard = Object.keys(s.peers || {}).length;
   const m = (last && last.metrics) || {};
   $("tiles").replaceChildren(
@@ -210,7 +215,8 @@ function drawTiles(s) {
     tile("rounds done", String(s.rounds_done), `up ${duration(s.uptime_s)}`),
     tile("peers answered", last ? String(last.peers_answered) : "–", `${heard} heard from · ${s.swarm_size || ((state.swarm && state.swarm.peers) || []).length} in swarm view`),
     tile("samples, last round", last ? String(last.own_samples + last.peer_samples) : "–", last ? `${last.own_samples} own + ${last.peer_samples} from peers` : ""),
-    tile("rejected", String(rejectedTotal), topReason ? `most: ${topReason[0]} (${topReason[1]})` : "nothing so far", rejectedTotal ? "down" : ""),
+    tile("rejected content", String(rejectedTotal), topReason ? `most: ${topReason[0]} (${topReason[1]}) · ${perRound(rejectedTotal)}` : "nothing so far", rejectedTotal ? "down" : ""),
+    tile("network failures", String(networkTotal), topNetwork ? `most: ${topNetwork[0]} (${topNetwork[1]}) · ${perRound(networkTotal)}` : "none so far", networkTotal ? "down" : ""),
     tile("packets, last round", last ? `↑ ${bytes(last.bytes_published)}` : "–", last ? `↓ ${bytes(last.bytes_read)} · gather ${fmt(last.gather_seconds, 1)} s` : ""),
     tile("round time", last ? `${fmt(last.seconds, 1)} s` : "–", last ? `step ${fmt(m.seconds, 2)} s · DHT errors ${last.dht_errors || 0}` : ""),
     tile("adapter", s.adapter_version ? String(s.adapter_version).slice(0, 10) : "–", s.adapter_version ? "hash of the trained weights" : "", "hash"),
@@ -295,7 +301,7 @@ function drawNode(s) {
   kvRows($("node"), [["name", s.name], ["model", s.model], ["task", s.task], ["loss", s.loss], ["peer id", s.peer_id],
     ["join with", (s.join_addrs || [])[0]], ["adapter", s.adapter_version], ["tokenizer", s.fingerprint],
     ["round length", num(s.round_seconds) ? `${s.round_seconds} s` : null], ["gather deadline", num(s.gather_seconds) ? `${s.gather_seconds} s` : null],
-    ["rounds done", s.rounds_done], ["uptime", duration(s.uptime_s)], ["DHT errors", Object.entries(s.swarm_errors || {}).map(([k, v]) => `${k}: ${v}`).join(", ") || "none"]]);
+    ["rounds done", s.rounds_done], ["uptime", duration(s.uptime_s)], ["network failures", Object.entries((s.failures || {}).network || s.swarm_errors || {}).map(([k, v]) => `${k}: ${v}`).join(", ") || "none"]]);
   const last = s.last_round;
   kvRows($("last"), last ? [["round of this run", last.round_in_run], ["DHT bucket", last.round], ["reward (own)", last.reward_mean],
     ["own samples", last.own_samples], ["peer samples", last.peer_samples], ["peers answered", last.peers_answered],

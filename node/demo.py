@@ -1,8 +1,12 @@
 """`ftis-node demo`: a local swarm of heterogeneous nodes, as separate processes on loopback.
 
 Each node is a real `ftis-node join` process with its own DHT peer, model, trainer and
-status API. The first node starts the swarm; the others join it through its status
-URL. The demo only watches: it polls every node's /status and draws one live table.
+status API. The first node starts the swarm; the others are started once it answers
+(its status API lists its join addresses: it has loaded its model and joined), and join
+it through its status URL. The first node serves the swarm until the others have played
+their rounds, then the demo stops it. The demo only watches: it polls every node's
+/status and draws one live table; a node that exits before its first round stops the
+demo at once, with the node's name and the last line of its log.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -42,6 +48,13 @@ ROSTER = (
     DemoNode("alt-tokenizer", "tiny-alt", "lora", lr=1e-3),
 )
 SMOLLM = DemoNode("smollm2", "smollm2-135m-embedded", "lora", lr=2e-5)
+
+
+class NodeFailed(RuntimeError):
+    """A node of the demo exited before its first round (the message names it and its last log line)."""
+
+
+BOOTSTRAP_WAIT_S = 600.0  # the first node loads a model before it answers; a busy machine takes minutes
 
 
 def free_port() -> int:
@@ -67,6 +80,7 @@ class Demo:
         loss: str = "f-tis",
         workdir: Path | None = None,
         keep_running: bool = False,
+        swarm_wait: float | None = None,
         console: Console | None = None,
     ) -> None:
         if not 2 <= nodes <= len(ROSTER) + int(with_smollm):
@@ -90,6 +104,8 @@ class Demo:
         self.api: dict[str, str] = {}
         self.last: dict[str, dict] = {}
         self.history: dict[str, list[dict]] = {}
+        self.swarm_wait = swarm_wait  # the joiners' --swarm-wait (None: the node's default)
+        self.failure: str | None = None  # why the demo stopped early, if it did
 
     # ------------------------------------------------------------------ processes
     def _command(self, node: DemoNode, api_port: int, bootstrap_url: str | None) -> list[str]:
@@ -133,21 +149,34 @@ class Demo:
             "--probation-rounds",
             "0",
         ]
-        if not self.keep_running:
+        # The first node serves the swarm until the others are done (they start after it has
+        # loaded and may take longer to load than a fixed number of its rounds lasts).
+        if not self.keep_running and bootstrap_url:
             cmd += ["--rounds", str(self.rounds)]
         if node.lr is not None:
             cmd += ["--lr", str(node.lr)]
         if bootstrap_url:
             cmd += ["--swarm", bootstrap_url]
+            if self.swarm_wait is not None:
+                cmd += ["--swarm-wait", str(self.swarm_wait)]
         return cmd
 
     def start(self) -> None:
+        """Start the first node, wait until it answers, then start the others joining it."""
         self.prepare_models()
+        first, *others = self.roster
+        self._spawn(first, None)
+        self.console.print(f"logs and checkpoints in {self.workdir}")
+        self.console.print(f"  {first.name:<14} dashboard {self.api[first.name]}/")
+        self._wait_joined(first.name)
+        for node in others:
+            self._spawn(node, self.api[first.name])
+            self.console.print(f"  {node.name:<14} dashboard {self.api[node.name]}/")
+
+    def _spawn(self, node: DemoNode, bootstrap_url: str | None) -> None:
         env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        bootstrap_url = None
-        for node in self.roster:
-            port = free_port()
-            log = open(self.workdir / f"{node.name}.log", "w")
+        port = free_port()
+        with open(self.workdir / f"{node.name}.log", "w") as log:
             self.procs[node.name] = subprocess.Popen(
                 self._command(node, port, bootstrap_url),
                 stdout=log,
@@ -155,11 +184,56 @@ class Demo:
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the demo only; it stops the nodes itself
             )
-            self.api[node.name] = f"http://127.0.0.1:{port}"
-            bootstrap_url = bootstrap_url or self.api[node.name]
-        self.console.print(f"logs and checkpoints in {self.workdir}")
-        for name, url in self.api.items():
-            self.console.print(f"  {name:<14} dashboard {url}/")
+        self.api[node.name] = f"http://127.0.0.1:{port}"
+
+    def _wait_joined(self, name: str, timeout: float = BOOTSTRAP_WAIT_S) -> None:
+        """Until `name`'s status API lists its join addresses; NodeFailed if it exits or never does."""
+        started = time.monotonic()
+        with self.console.status(f"starting {name}…") as spinner:
+            while True:
+                self.check_early_exits()
+                status = _get_json(self.api[name] + "/status") or {}
+                if status.get("join_addrs"):
+                    break
+                waited = time.monotonic() - started
+                if waited > timeout:
+                    raise NodeFailed(
+                        f"{name} did not join its own swarm within {timeout:.0f} s; "
+                        f"its last log line: {self.last_log_line(name)}"
+                    )
+                phase = status.get("phase") or "loading"
+                spinner.update(f"starting {name} ({phase}, {waited:.0f} s); the others start once it answers…")
+                time.sleep(0.5)
+        self.console.print(f"{name} started the swarm ({time.monotonic() - started:.1f}s)")
+
+    def last_log_line(self, name: str) -> str:
+        try:
+            lines = (self.workdir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        lines = [line.strip() for line in lines if line.strip()]
+        return lines[-1][-300:] if lines else "(empty log)"
+
+    def check_early_exits(self) -> None:
+        """NodeFailed naming the first node that exited before finishing a round."""
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is None or self._rounds_done(name) > 0:
+                continue
+            raise NodeFailed(
+                f"{name} exited (code {code}) before its first round; its last log line: {self.last_log_line(name)}"
+            )
+
+    def _rounds_done(self, name: str) -> int:
+        """Rounds a node finished, by its last /status or its status file (it may have exited since)."""
+        seen = self.last.get(name, {}).get("rounds_done") or 0
+        path = self.workdir / name / "status.json"
+        if not seen and path.is_file():
+            try:
+                seen = json.loads(path.read_text()).get("rounds_done") or 0
+            except (OSError, ValueError):
+                pass
+        return seen
 
     def prepare_models(self) -> None:
         """Build the models once, here, so the nodes do not race to build the same one."""
@@ -175,7 +249,7 @@ class Demo:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a round's phase, a last checkpoint, on a busy machine
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -186,12 +260,14 @@ class Demo:
     def poll(self) -> dict[str, dict]:
         """The latest status of every node (the last one seen, once a node has exited)."""
         for name, url in self.api.items():
-            try:
-                self.last[name] = httpx.get(url + "/status", timeout=2).json()
-                self.history[name] = httpx.get(url + "/history", timeout=2).json()
-            except (httpx.HTTPError, ValueError):
-                pass
-            self.last.setdefault(name, {})["exit_code"] = self.procs[name].poll()
+            code = self.procs[name].poll()  # before the poll: a node that answered has not exited unseen
+            status = _get_json(url + "/status")
+            if isinstance(status, dict):
+                self.last[name] = status
+                history = _get_json(url + "/history")
+                if isinstance(history, list):
+                    self.history[name] = history
+            self.last.setdefault(name, {})["exit_code"] = code
         return self.last
 
     def read_status_files(self) -> None:
@@ -281,15 +357,32 @@ class Demo:
         return table
 
     def run(self) -> dict[str, dict]:
-        self.start()
+        """Start, watch until every node is done (or one fails before its first round), summarise."""
+        first = self.roster[0].name
+        try:
+            self.start()
+        except NodeFailed as err:
+            self.failure = str(err)
+        except KeyboardInterrupt:
+            self.failure = "stopped (Ctrl-C) while the first node started"
+        if self.failure is not None:
+            self.stop()
+            self.console.print(f"[red]{escape(self.failure)}[/red]")
+            return self.summary()
         with Live(self.table(), console=self.console, refresh_per_second=2) as live:
             try:
                 while True:
                     self.poll()
                     live.update(self.table())
-                    if all(s.get("exit_code") is not None for s in self.last.values()):
+                    self.check_early_exits()
+                    others = [n for n in self.last if n != first]
+                    if all(self.last[n].get("exit_code") is not None for n in others):
+                        break  # the joiners are done: the first node stops with them
+                    if self.last.get(first, {}).get("exit_code") is not None and self.keep_running:
                         break
                     time.sleep(1.0)
+            except NodeFailed as err:
+                self.failure = str(err)
             except KeyboardInterrupt:
                 self.console.print("stopping the nodes…")
             finally:
@@ -299,7 +392,17 @@ class Demo:
                 # summary below does.
                 self.read_status_files()
                 live.update(self.table(), refresh=True)
+        if self.failure is not None:
+            self.console.print(f"[red]{escape(self.failure)}[/red]")
         summary = self.summary()
         (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.console.print(self.summary_table(summary))
         return summary
+
+
+def _get_json(url: str) -> Any:
+    """A node's JSON answer, or None while it does not answer."""
+    try:
+        return httpx.get(url, timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return None

@@ -38,6 +38,7 @@ PHASES = (
     "gathering",
     "training",
     "checkpointing",
+    "serving last packet",
     "stopping",
     "stopped",
 )
@@ -124,7 +125,26 @@ def _node_metrics(s: dict[str, Any]) -> Iterator[Metric]:
     for kind, count in sorted((s.get("swarm_errors") or {}).items()):
         errors.add_metric([kind], count)
     yield errors
-    yield from _gauge("swarm_known_peers", "Peers the swarm layer knows of", s.get("swarm_size"))
+    failures = s.get("failures") or {}
+    network = CounterMetricFamily(
+        "ftis_network_failures",
+        "Fetches and DHT calls that did not complete, by kind (the link, not the peer's content)",
+        labels=["kind"],
+    )
+    for kind, count in sorted((failures.get("network") or {}).items()):
+        network.add_metric([kind], count)
+    yield network
+    content = CounterMetricFamily(
+        "ftis_content_rejected",
+        "Things peers sent that were judged and refused, by reason (all peers)",
+        labels=["reason"],
+    )
+    for reason, count in sorted((failures.get("content") or {}).items()):
+        content.add_metric([reason], count)
+    yield content
+    yield from _gauge(
+        "swarm_known_peers", "Peers the swarm layer saw publish in the last few rounds", s.get("swarm_size")
+    )
 
 
 def _round_metrics(last: dict[str, Any]) -> Iterator[Metric]:

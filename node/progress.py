@@ -12,6 +12,7 @@ file, the demo's node logs) there is no spinner: a long phase prints a plain lin
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import sys
 import threading
@@ -54,9 +55,44 @@ def phase_text(view: dict[str, Any], now: float | None = None) -> str:
         return " · ".join(parts)
     if phase == "waiting for round" and "starts_at" in detail:
         return f"waiting for the next round · {max(0.0, detail['starts_at'] - now):.0f} s"
+    if phase == "serving last packet" and "until" in detail:
+        left = max(0.0, detail["until"] - now)
+        return f"done; serving the last round's packet to peers still fetching it · {left:.0f} s"
     if phase == "training" and "samples" in detail:
         return f"training on {detail['samples']} samples · {elapsed:.0f} s"
     return f"{phase} · {elapsed:.0f} s" if elapsed >= 1 else phase
+
+
+# The phases of a round, and what shortens each one (the settings named in the overrun warning).
+_PHASE_FIX = {
+    "generating": "fewer --prompts-per-round (now {prompts_per_round}) or --max-tokens (now {max_tokens})",
+    "publishing": "a smaller packet: fewer --prompts-per-round (now {prompts_per_round}) or --group-size",
+    "gathering": "a shorter --gather-seconds (now {gather_seconds:g}) or --expect-peers (ends the gather early)",
+    "training": "fewer samples per step: fewer --prompts-per-round (now {prompts_per_round}) or --group-size "
+    "(now {group_size}), or a smaller --peer-share (now {peer_share:g})",
+    "loading weights": "--train-mode lora (a smaller set of weights to load), or a longer --round-seconds",
+    "checkpointing": "a larger --checkpoint-every (now {checkpoint_every})",
+}
+
+
+def overrun_advice(phase_seconds: dict[str, float], seconds: float, round_seconds: float, config: NodeConfig) -> str:
+    """What to change when a round outlasts its bucket, from where its time went: the phase
+    that took longest and the setting that shortens it, and a round length that would fit."""
+    spent = {p: t for p, t in phase_seconds.items() if p in _PHASE_FIX and t >= 0.05}
+    suggest = max(round_seconds * 2, math.ceil(seconds * 1.5 / 10) * 10)
+    if not spent:
+        return f"pass a longer --round-seconds (e.g. {suggest:g})"
+    ranked = sorted(spent.items(), key=lambda kv: -kv[1])
+    where = ", ".join(f"{p} {t:.3g} s" for p, t in ranked[:3])
+    worst = ranked[0][0]
+    values = {
+        k: getattr(config, k, None) for k in ("prompts_per_round", "max_tokens", "group_size", "checkpoint_every")
+    }
+    values |= {"gather_seconds": config.gather_seconds, "peer_share": config.peer_share}
+    if values["max_tokens"] is None:
+        values["max_tokens"] = "the model's default"
+    fix = _PHASE_FIX[worst].format(**values)
+    return f"{where}; {worst} took longest: pass {fix}, or a longer --round-seconds (e.g. {suggest:g})"
 
 
 class RoundPrinter:
@@ -168,6 +204,9 @@ class RoundPrinter:
         self.console.print(escape(line), soft_wrap=True)
         for notice in getattr(result, "notices", []):
             self.console.print(f"  [yellow]warning:[/] {escape(notice)}", soft_wrap=True)
+        status = getattr(self._node, "status", None)
+        for failures in status.failure_lines() if status is not None else []:  # every kind, with its rate
+            self.console.print(f"  {escape(failures)}", soft_wrap=True)
         sys.stdout.flush()
 
     def summary(self, results) -> None:

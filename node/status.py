@@ -7,12 +7,22 @@ never sees a half-updated round.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+# Failures of the network (a fetch or DHT call that did not complete), as opposed to content a
+# peer sent that was judged and refused: the first say "check the link", the second "check the peer".
+NETWORK_FAILURES = frozenset(
+    {"fetch_timeout", "fetch_failed", "body_not_found", "dht_timeout", "dht_error", "dht_down"}
+)
+# A peer with no header in this many recent rounds no longer counts as part of the swarm.
+ACTIVE_ROUNDS = 3
 
 
 class PeerStats(BaseModel):
@@ -68,7 +78,8 @@ class RoundRecord(BaseModel):
     bytes_published: int = 0
     bytes_read: int = 0
     dht_errors: int = 0
-    rejected: dict[str, int] = Field(default_factory=dict)  # by reason
+    rejected: dict[str, int] = Field(default_factory=dict)  # by reason (network failures of fetches too)
+    network_failures: dict[str, int] = Field(default_factory=dict)  # by kind: fetches and DHT calls
     peers: dict[str, PeerRound] = Field(default_factory=dict)
 
 
@@ -94,6 +105,8 @@ class _RoundNotes:
         self.bytes_read = 0
         self.dht_errors = 0
         self.rejected: Counter[str] = Counter()
+        self.network: Counter[str] = Counter()
+        self.phase_seconds: Counter[str] = Counter()  # time spent in each phase of the round
         self.peers: dict[str, PeerRound] = {}
         self.reward_sums: dict[str, tuple[float, int]] = {}
 
@@ -107,7 +120,8 @@ class NodeStatus:
     def __init__(self, *, name: str, model: str, task: str, loss: str, history: int = 500) -> None:
         self._lock = threading.Lock()
         self.started_at = time.time()
-        self.info: dict[str, Any] = {"name": name, "model": model, "task": task, "loss": loss}
+        # pid and process start: a reader of status.json can tell a node that died from a live one.
+        self.info: dict[str, Any] = {"name": name, "model": model, "task": task, "loss": loss, **process_marker()}
         self.phase = "starting"
         self.round: int | None = None
         # Where the loop is inside its phase (e.g. {"done": 3, "total": 8} while generating),
@@ -124,6 +138,7 @@ class NodeStatus:
         self.rejected: Counter[str] = Counter()
         self.rejected_examples: dict[str, str] = {}
         self.swarm_errors: Counter[str] = Counter()  # our own DHT trouble (timeouts, pipe errors)
+        self.network: Counter[str] = Counter()  # every network failure by kind (fetches and DHT calls)
         self.swarm_peers: list[dict[str, Any]] = []  # every peer the swarm layer knows of (GET /swarm)
         self.swarm_peers_at: float | None = None
         self.totals: Counter[str] = Counter()  # run totals: own samples, packet bytes published / read
@@ -140,13 +155,22 @@ class NodeStatus:
         """Enter (or update) a phase; `detail` replaces the phase's progress detail."""
         with self._lock:
             if phase != self.phase or (round_ is not None and round_ != self.round):
-                self.phase_since = time.time()
+                now = time.time()
+                self._notes.phase_seconds[self.phase] += now - self.phase_since
+                self.phase_since = now
             self.phase = phase
             self.phase_detail = detail
             if round_ is not None:
                 self.round = round_
             if round_in_run is not None:
                 self.round_in_run = round_in_run
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds spent in each phase since the last recorded round, the current phase included."""
+        with self._lock:
+            spent = Counter(self._notes.phase_seconds)
+            spent[self.phase] += time.time() - self.phase_since
+            return dict(spent)
 
     def phase_view(self) -> dict[str, Any]:
         """The few fields a progress line needs, without copying peers and history."""
@@ -164,6 +188,9 @@ class NodeStatus:
         with self._lock:
             self.rejected[reason] += count
             self._notes.rejected[reason] += count
+            if reason in NETWORK_FAILURES:
+                self.network[reason] += count
+                self._notes.network[reason] += count
             if detail and reason not in self.rejected_examples:
                 self.rejected_examples[reason] = detail[:300]
             if peer_id is not None:
@@ -175,6 +202,8 @@ class NodeStatus:
         with self._lock:
             self.swarm_errors[kind] += count
             self._notes.dht_errors += count
+            self.network[kind] += count
+            self._notes.network[kind] += count
 
     def peer_update(self, peer_id: str, **fields: Any) -> None:
         """Add to a peer's counters (ints are added, other values replaced)."""
@@ -213,10 +242,19 @@ class NodeStatus:
             if gather_seconds is not None:
                 self._notes.gather_seconds = (self._notes.gather_seconds or 0.0) + gather_seconds
 
-    def set_swarm_peers(self, peers: list[dict[str, Any]]) -> None:
-        """The swarm layer's list of every peer it knows of (from the DHT records)."""
+    def set_swarm_peers(self, peers: list[dict[str, Any]], current_round: int | None = None) -> None:
+        """The swarm layer's list of every peer it knows of (from the DHT records). With
+        `current_round`, each is marked `active` if it published in the last ACTIVE_ROUNDS rounds."""
         with self._lock:
-            self.swarm_peers = [dict(p) for p in peers]
+            self.swarm_peers = [
+                dict(p)
+                | (
+                    {"active": isinstance(p.get("round"), int) and p["round"] > current_round - ACTIVE_ROUNDS}
+                    if current_round is not None
+                    else {}
+                )
+                for p in peers
+            ]
             self.swarm_peers_at = time.time()
 
     def record_round(self, record: RoundRecord, adapter_version: str | None) -> None:
@@ -232,6 +270,7 @@ class NodeStatus:
                 "bytes_read": notes.bytes_read,
                 "dht_errors": notes.dht_errors,
                 "rejected": dict(notes.rejected),
+                "network_failures": dict(notes.network),
                 "peers": notes.peers,
             }
             # Fields the caller set explicitly win over what was noted.
@@ -263,15 +302,48 @@ class NodeStatus:
                 "rejected": dict(self.rejected),
                 "rejected_examples": dict(self.rejected_examples),
                 "swarm_errors": dict(self.swarm_errors),
+                "failures": self._failures(),
                 "peers": {pid: p.model_dump() for pid, p in self.peers.items()},
                 **self._observed(),
             }
+
+    def _failures(self) -> dict[str, Any]:
+        """Network failures and content rejections apart, each by kind: run totals and per-round rates."""
+        rounds = max(self._rounds_done, 1)
+        content = {k: v for k, v in self.rejected.items() if k not in NETWORK_FAILURES}
+        return {
+            "network": dict(self.network),
+            "content": content,
+            "network_per_round": {k: round(v / rounds, 3) for k, v in self.network.items()},
+            "content_per_round": {k: round(v / rounds, 3) for k, v in content.items()},
+        }
+
+    def failure_lines(self) -> list[str]:
+        """For the console after each round: the kinds that failed in the round just recorded,
+        with how many this round, the run total and the rate per round."""
+        with self._lock:
+            if not self.history:
+                return []
+            last, rounds = self.history[-1], max(self._rounds_done, 1)
+            content_now = {k: v for k, v in last.rejected.items() if k not in NETWORK_FAILURES}
+            lines = []
+            for title, now, totals in (
+                ("network failures", last.network_failures, self.network),
+                ("rejected", content_now, self.rejected),
+            ):
+                if now:
+                    parts = [
+                        f"{k} {n} (run {totals[k]}, {totals[k] / rounds:.2g}/round)" for k, n in sorted(now.items())
+                    ]
+                    lines.append(f"{title}: " + ", ".join(parts))
+            return lines
 
     def _observed(self) -> dict[str, Any]:
         """Run totals and the clock, for /metrics, the dashboard's countdown and `ftis-node status`."""
         return {
             "totals": {k: self.totals.get(k, 0) for k in ("own_samples", "bytes_published", "bytes_read")},
-            "swarm_size": len(self.swarm_peers),
+            # Peers still publishing (a peer that stopped drops out after ACTIVE_ROUNDS rounds).
+            "swarm_size": sum(1 for p in self.swarm_peers if p.get("active", True)),
             "server_time": time.time(),
         }
 
@@ -304,7 +376,57 @@ class NodeStatus:
 
     def file_text(self) -> str:
         """The status file: the snapshot and the history, one round per line (records serialised once)."""
-        head = json.dumps(self.snapshot(), indent=1, default=str)
+        head = json.dumps(self.snapshot() | {"written_at": time.time()}, indent=1, default=str)
         with self._lock:
             rounds = ",\n  ".join(self._history_json)
         return f'{head[:-2]},\n "history": [\n  {rounds}\n ]\n}}\n' if rounds else f'{head[:-2]},\n "history": []\n}}\n'
+
+
+# ---------------------------------------------------------------- status.json of a node that may be gone
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When a process started (clock ticks since boot), so a reused pid is not taken for the node."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_marker() -> dict[str, Any]:
+    return {"pid": os.getpid(), "pid_started": _start_ticks(os.getpid())}
+
+
+def process_alive(pid: Any, started: Any) -> bool:
+    """The process that wrote a status file still runs (same pid, same start time where known)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    now = _start_ticks(pid)
+    if now is not None:
+        return started is None or now == started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def read_status_file(path: Path) -> dict[str, Any]:
+    """A node's `status.json` as what is true now: if the node that wrote it no longer runs,
+    its phase is "stopped" (`running` False, `phase_at_exit` the phase it was in when it died).
+
+    Raises OSError or ValueError if the file cannot be read as a JSON object.
+    """
+    status = json.loads(Path(path).read_text())
+    if not isinstance(status, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    running = process_alive(status.get("pid"), status.get("pid_started"))
+    status["running"] = running
+    if not running and status.get("phase") != "stopped":
+        status["phase_at_exit"] = status.get("phase")
+        status["phase"] = "stopped"
+        status["phase_detail"] = {"note": "not running: the node was killed or crashed"}
+    return status

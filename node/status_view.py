@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,7 +42,14 @@ def normalize_url(url: str) -> str:
 
 
 def fetch_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
-    """{"url", "status", "history", "swarm"}; history and swarm are empty if the node has none."""
+    """{"url", "status", "history", "swarm"}; history and swarm are empty if the node has none.
+
+    `url` may also be a node's data folder (or its status.json): the file the node last wrote,
+    read as "stopped" if the node that wrote it no longer runs.
+    """
+    local = Path(url).expanduser()
+    if local.is_dir() or local.name == "status.json":
+        return file_view(local / "status.json" if local.is_dir() else local)
     base = normalize_url(url)
     try:
         with httpx.Client(base_url=base, timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
@@ -56,6 +64,21 @@ def fetch_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
     except httpx.InvalidURL as e:
         raise Unreachable(f"{url!r} is not a URL ({e})") from None
     return {"url": base, "status": status, "history": history if isinstance(history, list) else [], "swarm": swarm}
+
+
+def file_view(path: Path) -> dict[str, Any]:
+    """The view of a node's status.json (see `node.status.read_status_file`)."""
+    from node.status import read_status_file
+
+    try:
+        status = read_status_file(path)
+    except FileNotFoundError:
+        raise Unreachable(f"{path} does not exist; is that a node's --data-dir?") from None
+    except (OSError, ValueError) as e:
+        raise Unreachable(f"cannot read {path}: {_one_line(str(e))}") from None
+    history = status.pop("history", None)
+    status.setdefault("server_time", status.get("written_at"))
+    return {"url": str(path), "status": status, "history": history if isinstance(history, list) else [], "swarm": {}}
 
 
 def _get_json(client: httpx.Client, path: str, base: str) -> Any:
@@ -160,7 +183,12 @@ def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> 
     bucket = f" (DHT bucket {s['round']})" if s.get("round") is not None and s.get("peer_id") else ""
     title.append(f"   round {n} of this run{bucket}" if n else "   no round yet")
     parts.append(title)
-    parts.append(Text(progress_line(s), style="dim"))
+    if s.get("running") is False:  # read from a status file whose node is gone
+        was = f"; it was {safe(s['phase_at_exit'])} when it stopped" if s.get("phase_at_exit") else ""
+        written = _ago(s.get("written_at"), time.time())
+        parts.append(Text(f"not running: process {safe(s.get('pid'))} is gone{was} (file written {written})"))
+    else:
+        parts.append(Text(progress_line(s), style="dim"))
     for notice in s.get("notices") or []:
         parts.append(Text(f"warning: {safe(notice, 400)}", style="yellow"))
     if error:
@@ -173,7 +201,10 @@ def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> 
         parts.append(_swarm_table(s, swarm, view.get("swarm", {}).get("source"), now))
     if s.get("rejected"):
         parts.append(_rejections(s))
-    parts.append(Text(f"{view['url']}  ·  dashboard {view['url']}/  ·  metrics {view['url']}/metrics", style="dim"))
+    if view["url"].startswith(("http://", "https://")):
+        parts.append(Text(f"{view['url']}  ·  dashboard {view['url']}/  ·  metrics {view['url']}/metrics", style="dim"))
+    else:
+        parts.append(Text(f"read from {view['url']}", style="dim"))
     return Group(*parts)
 
 
@@ -182,7 +213,12 @@ def _summary(s: dict[str, Any], history: list[dict[str, Any]], wide: bool) -> Ta
     m = last.get("metrics") or {}
     rewards = [r.get("reward_mean") for r in history]
     best = max((r for r in rewards if isinstance(r, (int, float))), default=None)
-    rejected = sum((s.get("rejected") or {}).values())
+    failures = s.get("failures") or {"content": s.get("rejected") or {}, "network": s.get("swarm_errors") or {}}
+    rejected = sum((failures.get("content") or {}).values())
+    rounds = max(int(s.get("rounds_done") or 0), 1)
+    network = ", ".join(
+        f"{safe(k)} {v} ({v / rounds:.2g}/round)" for k, v in sorted((failures.get("network") or {}).items())
+    )
     cells: list[tuple[str, Any]] = [
         (
             "reward",
@@ -204,7 +240,7 @@ def _summary(s: dict[str, Any], history: list[dict[str, Any]], wide: bool) -> Ta
             f"IS w {_num(m.get('is_weight_mean'))} · capped {_num(m.get('frac_capped'))} · "
             f"ESS {_num(m.get('ess'))} · filtered {_num(m.get('frac_filtered'))}",
         ),
-        ("DHT errors", ", ".join(f"{safe(k)} {v}" for k, v in (s.get("swarm_errors") or {}).items()) or "none"),
+        ("network failures", Text(network or "none", style="yellow" if network else "")),
     ]
     per_row = 2 if wide else 1
     grid = Table.grid(padding=(0, 2))

@@ -125,7 +125,6 @@ def test_sigkill_mid_round_resumes_with_the_same_peer_id_and_adapter(tmp_path):
         except (httpx.HTTPError, ValueError):
             return {}
 
-    p2pd_before = _p2pd_pids()
     first_log = tmp_path / "first.log"
     proc, url = join(first_log)
     try:
@@ -138,7 +137,12 @@ def test_sigkill_mid_round_resumes_with_the_same_peer_id_and_adapter(tmp_path):
         if proc.poll() is None:
             proc.kill()
     # Nothing of the killed node survives it (its DHT child and p2pd follow it down).
-    _wait(lambda: not (_p2pd_pids() - p2pd_before), 30, "the killed node's p2pd to exit", first_log)
+    _wait(lambda: not _p2pd_pids(data), 60, "the killed node's p2pd to exit", first_log)
+    # Its status.json was written mid-round by a process that is gone: read as stopped.
+    seen = _cli("status", str(data), "--json", timeout=120)
+    assert seen.returncode == 0, seen.stderr
+    gone = json.loads(seen.stdout)
+    assert gone["phase"] == "stopped" and gone["running"] is False and gone["phase_at_exit"] != "stopped"
 
     from node.train.checkpoint import load_latest
 
@@ -203,6 +207,23 @@ def test_checkpoints_follow_the_cadence_through_a_kill_and_resume(tmp_path):
     assert f"round {last + 2}/{total}" in again.stdout and f"round {last + 1}/{total}" not in again.stdout
     # Counting starts again at the resume: round last+4, then the stop's checkpoint at last+5.
     assert _rounds(data / "checkpoints")[-2:] == [f"round-{last + 4:08d}", f"round-{last + 5:08d}"]
+
+
+def test_a_restart_without_checkpoints_says_what_it_lost(three_checkpoints, tmp_path):
+    """The earlier run's status.json knows the rounds it played; with its checkpoints gone,
+    --resume refuses and a plain restart says how many rounds are lost and that it starts fresh."""
+    data = _copy(three_checkpoints, tmp_path)
+    shutil.rmtree(data / "checkpoints")
+    from typer.testing import CliRunner
+
+    from node.cli import app
+
+    refused = CliRunner().invoke(app, ["train", *SMALL, "--data-dir", str(data), "--rounds", "4", "--resume"])
+    assert refused.exit_code == 2 and "--resume: no checkpoint in" in refused.output
+    fresh = _cli("train", *SMALL, "--data-dir", str(data), "--rounds", "1")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert "the 3 round(s) the earlier run played (up to round 2) are lost; starting fresh" in fresh.stderr
+    assert "round 1/1" in fresh.stdout
 
 
 # --------------------------------------------------------------------------- bad checkpoints

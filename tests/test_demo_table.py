@@ -36,3 +36,27 @@ def test_last_table_shows_the_final_state(tmp_path):
         assert cells[3] == "3" and cells[6] == "144", cells  # rounds, peer samples used
         assert summary[node.name]["rounds"] == 3 and summary[node.name]["peer_samples_used"] == 144
         assert "exited (0)" in row
+
+
+def test_a_node_that_exits_before_its_first_round_stops_the_demo_with_its_last_log_line(tmp_path):
+    import pytest
+
+    from node.demo import NodeFailed
+
+    demo = Demo(nodes=2, rounds=3, workdir=tmp_path, console=Console(width=200, record=True))
+    first, second = demo.roster
+    with open(tmp_path / f"{first.name}.log", "w") as log:  # a first node that fails at start-up
+        script = "print('loading'); print('error: --port 31337: in use'); raise SystemExit(2)"
+        demo.procs[first.name] = subprocess.Popen([sys.executable, "-c", script], stdout=log)
+    demo.api[first.name] = "http://127.0.0.1:9"  # it never answers
+    with pytest.raises(NodeFailed) as failed:
+        demo._wait_joined(first.name, timeout=120)  # ends on the exit, not on the bound
+    assert str(failed.value) == (
+        f"{first.name} exited (code 2) before its first round; its last log line: error: --port 31337: in use"
+    )
+    # A node that played a round and then exited is not an early failure.
+    (tmp_path / second.name).mkdir()
+    (tmp_path / second.name / "status.json").write_text(json.dumps({"rounds_done": 1}))
+    demo.procs = {second.name: subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])}
+    demo.procs[second.name].wait()
+    demo.check_early_exits()

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -83,7 +84,15 @@ def test_a_url_that_is_not_a_node_is_named_as_such(served):
 
 
 def test_watch_keeps_going_when_the_node_goes_away_and_stops_on_ctrl_c(served):
-    _, server = served
+    status, server = served
+    answered = threading.Semaphore(0)  # one release per /status answer: the watcher's draws
+    snapshot = status.snapshot
+
+    def counted():
+        answered.release()
+        return snapshot()
+
+    status.snapshot = counted
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "status", server.url, "--watch", "--interval", "0.3", "--timeout", "1"],
         stdout=subprocess.PIPE,
@@ -92,7 +101,9 @@ def test_watch_keeps_going_when_the_node_goes_away_and_stops_on_ctrl_c(served):
         env=ENV,
     )
     try:
-        time.sleep(4)  # starts and draws a few times
+        # Three draws (events, not a guess at start-up time: a loaded machine imports slowly).
+        for _ in range(3):
+            assert answered.acquire(timeout=120), proc.stderr.read() if proc.poll() is not None else "no draw"
         assert proc.poll() is None, proc.stderr.read()
         server.stop()
         time.sleep(3)
@@ -136,3 +147,22 @@ def test_fields_other_parts_add_are_shown_when_present():
     text = console.export_text()
     assert "round 3 of this run" in text and "gathering: 1 peer answered, " in text
     assert "quarantined until round 1234" in text and "screened implausible×7" in text
+
+
+def test_status_of_a_data_dir_whose_node_was_killed_says_stopped(tmp_path):
+    """`ftis-node status DATA_DIR` reads the node's status.json; a killed node is "stopped",
+    not the phase it was in when the file was last written."""
+    status = fill_status(NodeStatus(name="k", model="tiny-s", task="toy", loss="f-tis"), rounds=3)
+    status.set_phase("loading weights", 1002)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    data = json.loads(status.file_text()) | {"pid": gone.pid}  # as if that process had written it
+    (tmp_path / "status.json").write_text(json.dumps(data))
+    out = cli(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert " stopped " in out.stdout and "not running: process" in out.stdout
+    assert "it was loading weights when it stopped" in out.stdout and "ftis-node · k" in out.stdout
+    as_json = json.loads(cli(str(tmp_path), "--json").stdout)
+    assert as_json["phase"] == "stopped" and as_json["running"] is False
+    missing = cli(str(tmp_path / "nothing" / "status.json"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -236,7 +236,8 @@ class PacketExchange:
     def _log_once(self, kind: str, message: str, *args: Any) -> None:
         if kind not in self._logged:
             self._logged.add(kind)
-            logger.warning(message + " (logged once)", *args)
+            # The detail of the first of its kind; every one is counted, per kind, on the round lines and in /status.
+            logger.warning(message + " (the first of its kind; later ones are counted on the round lines)", *args)
 
 
 def _printable(text: str) -> str:
