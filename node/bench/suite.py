@@ -630,7 +630,31 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += _figures_table(_attack_rows(r), g)
         else:
             lines += ["```json", json.dumps(r, indent=2, default=_json_default), "```", ""]
+    lines += _separate_benches()
     return "\n".join(lines).rstrip() + "\n"
+
+
+# Benches that `bench all` does not run (too long, or root), each with a page of its own.
+SEPARATE_BENCHES = (
+    ("memory", "memory.md", "peak memory per phase, the estimate's error, the leak check"),
+    ("wan", "network.md", "a swarm over an emulated WAN (root)"),
+    ("learn", "learning-smollm2.json", "a solo SmolLM2 node's held-out reward"),
+    ("swarm-gain", "swarm-gain.md", "a swarm against isolation at equal generation"),
+)
+
+
+def _separate_benches() -> list[str]:
+    """The closing section: where the benches run on their own keep their figures."""
+    lines = [
+        "## Benches run on their own",
+        "",
+        "These take too long or need root, so `bench all` does not run them; each writes its own page.",
+        "",
+    ]
+    return lines + _table(
+        ["bench", "page"],
+        [(f"`ftis-node bench {name}`", f"[{page}]({page}): {what}") for name, page, what in SEPARATE_BENCHES],
+    )
 
 
 def format_suite(result: dict[str, Any]) -> str:
