@@ -84,7 +84,7 @@ def test_project_models_resolve() -> None:
     spec = resolve_model("tiny-m:add")
     assert (spec.name, spec.skill) == ("tiny-m", "add")
     assert resolve_model(EMBEDDED_SMOLLM2).kind == "embedded"
-    with pytest.raises(ModelLoadError, match="valid skills: add, sub"):
+    with pytest.raises(ModelLoadError, match="Valid skills: add, sub"):
         resolve_model("tiny-s:mul")
 
 
