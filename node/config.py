@@ -174,6 +174,12 @@ class NodeConfig(BaseSettings):
         description="Padded tokens per training forward/backward pass.",
         json_schema_extra=_extra("256 on a CPU; on a GPU the largest of 4096, 2048, ..., 256 that fits"),
     )
+    generate_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per generate call (the hf engine): the KV cache grows with it.",
+        json_schema_extra=_extra("16 on a CPU, 64 on a GPU"),
+    )
     gradient_checkpointing: bool = Field(
         False, description="Recompute each layer in the backward pass: less memory, about a third more training time."
     )
@@ -355,6 +361,14 @@ class NodeConfig(BaseSettings):
             micro_batch_tokens=self.micro_batch_tokens or 4096,  # None: preflight fits it to the machine
             gradient_checkpointing=self.gradient_checkpointing,
         )
+
+    def generate_batch_size(self) -> int:
+        """Sequences per generate call: the given one, else the device's default (node.memory)."""
+        from node.memory import CPU_GENERATE_BATCH, GPU_GENERATE_BATCH
+
+        if self.generate_batch:
+            return self.generate_batch
+        return GPU_GENERATE_BATCH if self.device.startswith("cuda") else CPU_GENERATE_BATCH
 
     def generation(self, has_chat_template: bool) -> GenerationDefaults:
         """Task, chat template, max tokens and temperature for a model, the given ones winning."""

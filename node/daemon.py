@@ -117,7 +117,7 @@ class Node:
             {"reference_logprobs": self._local_logprobs, "max_lora_rank": cfg.lora_rank} if cfg.engine == "vllm" else {}
         )
         if cfg.engine == "hf":  # one copy of the weights: the trainer's (a LoRA's frozen base, or the live full model)
-            extra = {"share_with": self.trainer.model}
+            extra = {"share_with": self.trainer.model, "max_batch_sequences": cfg.generate_batch_size()}
         self.engine = make_engine(cfg.engine, self.model_path, device=cfg.device, dtype=cfg.dtype, **extra)
         self.tokenizer = self.engine.tokenizer
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)

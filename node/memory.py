@@ -24,6 +24,7 @@ __all__ = [
     "ModelShape",
     "estimate",
     "fit_micro_batch",
+    "generate_call_sequences",
     "free_bytes",
     "gb",
     "peak_rss",
@@ -46,6 +47,9 @@ MICRO_BATCH_CHOICES = (4096, 2048, 1024, 512, 256)
 #: at 4096 (SmolLM2 LoRA, 16 x 160 tokens: 21.5, 19.6 and 21.1 CPU-s at 256, 1024 and 4096;
 #: docs/benchmarks.md, "Memory"), while the activations grow with it (about 2 MB a token).
 CPU_MICRO_BATCH = 256
+#: Sequences per `generate` call. On a CPU 16 hold a third of 64's KV cache for 3-6 % more CPU
+#: time (SmolLM2, docs/memory.md); a GPU is faster the more it batches.
+CPU_GENERATE_BATCH, GPU_GENERATE_BATCH = 16, 64
 
 
 def gb(n: float) -> str:
@@ -248,6 +252,11 @@ def total_bytes(device: str = "cpu") -> int:
     raise RuntimeError("/proc/meminfo has no MemTotal")
 
 
+def generate_call_sequences(batch: int, prompts: int, group_size: int) -> int:
+    """Sequences in one `generate` call: whole groups, at least one, as the hf engine batches them."""
+    return min(prompts, max(1, batch // group_size)) * group_size
+
+
 def plan(cfg: Any, shape: ModelShape, *, free: float | None = None) -> MemoryPlan:
     """The micro-batch for node settings `cfg` (a NodeConfig): the given one; else `CPU_MICRO_BATCH`
     on a CPU, and on a GPU the largest of `MICRO_BATCH_CHOICES` that fits its free memory.
@@ -263,7 +272,7 @@ def plan(cfg: Any, shape: ModelShape, *, free: float | None = None) -> MemoryPla
         "mode": cfg.train_mode,
         "dtype": cfg.dtype,
         "gradient_checkpointing": cfg.gradient_checkpointing,
-        "generate_sequences": min(64, cfg.prompts_per_round * cfg.group_size),
+        "generate_sequences": generate_call_sequences(cfg.generate_batch_size(), cfg.prompts_per_round, cfg.group_size),
         "sequence_tokens": PROMPT_TOKENS + max_tokens,
         "lora_rank": cfg.lora_rank,
         "engine_weights": False,  # hf: the engine's tensors are the trainer's; vllm: in its own share below

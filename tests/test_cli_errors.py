@@ -35,6 +35,7 @@ BAD_VALUES = {
     "threads": "-1",
     "dtype": "float8",
     "micro_batch_tokens": "0",
+    "generate_batch": "0",
     "rounds": "0",
     "round_seconds": "0",
     "prompts_per_round": "257",

@@ -173,7 +173,7 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from node.memory import ModelShape, estimate
+    from node.memory import CPU_GENERATE_BATCH, ModelShape, estimate, generate_call_sequences
     from node.models import model_folder, resolve_model
     from node.rollout import Sampling, make_engine
     from node.train.logprobs import completion_views
@@ -192,10 +192,14 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
     )
 
     shared = not before  # the engine on the trainer's tensors, as the node does since the cuts
+    batch = 64 if before else setting.get("generate_batch", CPU_GENERATE_BATCH)
 
     def load():
         trainer = Trainer(folder, cfg)
-        engine = make_engine("hf", folder, **({"share_with": trainer.model} if shared else {}))
+        # Before the cuts every call took 64 sequences; now the node's device default.
+        engine = make_engine(
+            "hf", folder, max_batch_sequences=batch, **({"share_with": trainer.model} if shared else {})
+        )
         return trainer, engine
 
     trainer, engine = _phase("load", load, out)
@@ -271,7 +275,7 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
         mode=setting["mode"],
         micro_batch_tokens=setting["micro_batch_tokens"],
         gradient_checkpointing=setting.get("gradient_checkpointing", False),
-        generate_sequences=min(engine.max_batch_sequences, setting["prompts"] * n),
+        generate_sequences=generate_call_sequences(engine.max_batch_sequences, setting["prompts"], n),
         sequence_tokens=setting["prompt_tokens"] + setting["max_tokens"],
         engine_weights=not shared,
     )
