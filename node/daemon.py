@@ -259,6 +259,7 @@ class Node:
     def _start_swarm(self) -> None:
         from node.swarm import Swarm
         from node.swarm.join import resolve_initial_peers
+        from node.swarm.ledger import body_verdict
 
         cfg = self.cfg
         self.status.set_phase("joining swarm")
@@ -268,7 +269,8 @@ class Node:
             cfg.swarm_config(
                 initial_peers=resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait),
                 identity_path=node_dir / "identity.key",
-            )
+            ),
+            body_check=body_verdict,  # junk and relayed copies never use up a slot or a true sender's delivery
         ).start()
         self.status.set(peer_id=self.swarm.peer_id, join_addrs=self.swarm.join_addrs())
 
@@ -557,11 +559,14 @@ class Node:
             deadline_s=self.cfg.gather_seconds,
             expect_peers=self.cfg.expect_peers,
             exclude_peers=self.trust.quarantined(r),
+            trusted_peers=self.trust.trusted(),
             on_progress=on_progress,
         )
         for peer_id, reasons in gathered.rejected_by_peer.items():  # each under the id its signing key proves
             for reason, count in reasons.items():
                 self.status.reject(peer_id, str(reason), count=count)
+            # Junk bodies and relayed copies count against their signer, as the screen's drops do.
+            self.trust.observe(peer_id, r, 0, {str(k): v for k, v in reasons.items()})
         for kind, count in gathered.errors.items():
             self.status.swarm_error(kind, count)
         self.status.round_io(gather_seconds=gathered.elapsed_s, bytes_read=gathered.bytes_read)

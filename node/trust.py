@@ -10,10 +10,13 @@ dropped at most `clean_fraction` of them. A peer whose screened fraction is abov
 quarantine ends it starts over on probation. A trusted peer that has a bad round goes
 back on probation (its clean streak starts again).
 
-What counts as screened: the samples the screen dropped (`implausible`, `judge`) and the
+What counts as screened: the samples the screen dropped (`implausible`, `judge`), the
 samples of groups refused for breaking this node's limits (impossible sampling
-parameters, token ids or lengths the model cannot take): an honest node sends neither.
-Stale, foreign-task or duplicate packets are not held against a peer.
+parameters, token ids or lengths the model cannot take), and whole packets no honest
+node sends: junk that does not decode (`bad_magic`, `bad_msgpack`, `truncated`, ...), a
+body that does not match its own record, another sender's packet signed as one's own
+(`relayed`, `impersonation`). Stale, foreign-task, other-version or duplicate packets
+are not held against a peer.
 
 Rounds are the swarm's round numbers, so `quarantined_until` is a round.
 """
@@ -43,6 +46,29 @@ HOSTILE_REASONS = frozenset(
         "empty_completion",
         "too_long",
         "nonfinite_local",
+        # whole packets: another's packet under one's own key, a body its record does not name
+        "relayed",
+        "hash_mismatch",
+        "size_mismatch",
+        # bytes that do not decode (protocol.errors.ErrorCode; bad_version is an honest other release)
+        "not_bytes",
+        "too_large",
+        "truncated",
+        "bad_magic",
+        "bad_flags",
+        "bad_compression",
+        "decompression_bomb",
+        "bad_msgpack",
+        "bad_schema",
+        "length_mismatch",
+        "bad_logprob",
+        "too_many_groups",
+        "too_many_completions",
+        "too_many_tokens",
+        "completion_too_long",
+        "text_too_long",
+        "bad_swarm_id",
+        "bad_round",
     }
 )
 

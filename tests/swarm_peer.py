@@ -7,8 +7,10 @@ commands: publish, gather, known, descendants, exit, and the dishonest ones the 
 need: tamper (serve a body that does not match its header), impersonate (sign a header
 that names another peer's id), relay (re-publish another peer's bytes as our own),
 stall (accept body requests and never answer), sybils (start more nodes in this process,
-each a real Swarm with its own key, whose bodies stall) and sybil_publish (their headers
-announce bodies of a chosen size that never come). SIGTERM goes through the swarm's
+each a real Swarm with its own key, whose bodies stall unless `stall` is false),
+sybil_publish (their headers announce bodies of a chosen size that never come),
+sybil_relay (they re-publish another peer's packet bytes) and sybil_junk (they publish
+bodies that are no packet); publish_packet publishes a well-formed packet of our own. SIGTERM goes through the swarm's
 `install_sigterm_handler` (a clean exit that shuts the DHT down); the daemon has its own
 handlers instead (`node.daemon.install_stop_handlers`: stop after the current phase).
 """
@@ -30,6 +32,26 @@ def payload(seed: int, size: int) -> bytes:
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def real_packet(sender: str, swarm_id: str, rnd: int, tokens: int = 4000) -> bytes:
+    """A well-formed rollout packet that names `sender` (about 4 bytes a token)."""
+    import numpy as np
+
+    from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode
+
+    header = PacketHeader.create(
+        swarm_id=swarm_id,
+        round=rnd,
+        sender_peer_id=sender,
+        base_model_id="tiny-s",
+        tokenizer_fingerprint="test",
+        vocab_size=512,
+    )
+    ids = [5 + (i * 7 + rnd) % 500 for i in range(tokens // 4)]
+    completions = [Completion.of(ids, np.full(len(ids), -0.5, np.float32))] * 4
+    group = Group.of("toy/id/1", "tiny-s", SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=1024), completions)
+    return encode(RolloutPacket(header=header, groups=[group]))
 
 
 async def _stall_bodies(_dht, node) -> None:
@@ -148,6 +170,17 @@ def main() -> None:
                 )
                 shard = shard_of(cmd["claim"], record.shards)  # where readers of the claimed peer look
                 reply(ok=store_header(cmd["round"], record, shard), sha=sha(data))
+            elif op == "publish_packet":
+                data = real_packet(swarm.peer_id, config.swarm_id, cmd["round"])
+                reply(ok=swarm.publish(cmd["round"], data), sha=sha(data), data=data.hex())
+            elif op == "sybil_relay":
+                # Each Sybil re-publishes another peer's packet bytes (`data`) under its own key.
+                data = bytes.fromhex(cmd["data"])
+                reply(ok=all(sybils[i].publish(cmd["round"], data) for i in cmd.get("which", range(len(sybils)))))
+            elif op == "sybil_junk":
+                # Each Sybil publishes a body of `size` bytes that is no packet at all.
+                which = cmd.get("which", range(len(sybils)))
+                reply(ok=all(sybils[i].publish(cmd["round"], os.urandom(cmd.get("size", 10))) for i in which))
             elif op == "relay":
                 # Another peer's bytes under our own (honest) header: the same content twice in a round.
                 data = payload(cmd["seed"], cmd["size"])
@@ -160,7 +193,7 @@ def main() -> None:
 
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     sybils += list(pool.map(lambda _: Swarm(config).start(), range(cmd["count"])))
-                for node in sybils:
+                for node in sybils if cmd.get("stall", True) else ():
                     RecordClient(node.dht).run(_stall_bodies).result(timeout=10)
                 reply(peer_ids=[n.peer_id for n in sybils])
             elif op == "sybil_publish":

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_exchange_delivers_each_peer_packet_once_and_never_our_own():
-    hub = ExchangeHub()
+    hub = ExchangeHub(body_check=None)  # raw bytes: the board's own rules
     a, b, c = hub.endpoint("a"), hub.endpoint("b"), hub.endpoint("c")
     assert a.publish(0, b"from-a") and b.publish(0, b"from-b")
     got = a.gather(0, deadline_s=0, expect_peers=1)
@@ -54,7 +54,7 @@ def test_exchange_delivers_each_peer_packet_once_and_never_our_own():
 
 
 def test_exchange_gather_waits_for_expected_peers_until_the_deadline():
-    hub = ExchangeHub()
+    hub = ExchangeHub(body_check=None)  # raw bytes: the board's own rules
     a, b = hub.endpoint("a"), hub.endpoint("b")
     threading.Timer(0.2, lambda: b.publish(3, b"x")).start()
     start = time.monotonic()
@@ -68,7 +68,7 @@ def test_exchange_gather_waits_for_expected_peers_until_the_deadline():
 
 
 def test_exchange_rejects_bad_input_with_a_reason():
-    hub = ExchangeHub()
+    hub = ExchangeHub(body_check=None)  # raw bytes: the board's own rules
     a = hub.endpoint("a")
     with pytest.raises(ValueError, match="taken"):
         hub.endpoint("a")

@@ -83,8 +83,8 @@ CASES = {
         "vocab_mismatch",
         lambda v, s, r: _packet(v, s, r, [[100, 100, 600], [100, 600]], vocab=100_000),
     ),
-    "header names another peer": (
-        "impersonation",
+    "header names another peer": (  # judged at the gather, from the packet's own header
+        "relayed",
         lambda v, s, r: _packet(v, "inproc-someone-else", r, [_answer(v)] * 4),
     ),
 }

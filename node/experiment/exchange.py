@@ -12,9 +12,11 @@ came over the DHT. The semantics follow `Swarm.gather`, through the same `Gather
 a gather for round r returns the packets of round r (and `stale_rounds` before it) that
 this endpoint has not received yet, never its own; a peer's second, different packet for
 a round is rejected `duplicate` and bytes already delivered under another peer
-`duplicate_content`; it returns as soon as `expect_peers` peers answered or the
-deadline passed. What it does not model: shards and the per-gather cap on peers (every
-member reads the whole board), fetch failures, byte budgets.
+`duplicate_content`; a body is judged by its own header first (`body_check`, the same
+`body_verdict` a node's `Swarm` uses: junk and relayed copies are rejected, the latter
+`relayed`); it returns as soon as `expect_peers` peers answered or the deadline passed.
+What it does not model: shards and the per-gather cap on peers (every member reads the
+whole board), fetch failures, byte budgets.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection
 from typing import Any
 
-from node.swarm.gather import GatheredPacket, GatherResult
-from node.swarm.ledger import GatherLedger, KnownPeers
+from node.swarm.gather import BodyCheck, GatheredPacket, GatherResult
+from node.swarm.ledger import GatherLedger, KnownPeers, body_verdict
 from protocol.codec import Limits
 from protocol.keys import STALE_ROUNDS
 
@@ -41,8 +43,10 @@ MAX_PACKET_BYTES = Limits().max_bytes
 class ExchangeHub:
     """The shared board of one run: round -> sender -> packet bytes (thread-safe)."""
 
-    def __init__(self, swarm_id: str = "ftis") -> None:
+    def __init__(self, swarm_id: str = "ftis", *, body_check: BodyCheck | None = body_verdict) -> None:
+        """`body_check`: as `Swarm`'s; None makes packets opaque bytes (tests of the board alone)."""
         self.swarm_id = swarm_id
+        self.body_check = body_check
         self._board: dict[int, dict[str, tuple[bytes, str, str]]] = {}  # round -> sender -> (bytes, model, adapter)
         self._changed = threading.Condition()
         self._names: set[str] = set()
@@ -118,7 +122,7 @@ class InProcessExchange:
         stale_rounds: int = STALE_ROUNDS,
         exclude_peers: Collection[str] = (),
         on_progress: Callable[[int], None] | None = None,
-        **_limits: object,  # Swarm's byte and peer limits; nothing here is large enough to need them
+        **_limits: object,  # Swarm's byte, peer and fetch-order limits: here every packet is read
     ) -> GatherResult:
         """Peers' packets for `round` (and `stale_rounds` before) not yet handed to this node."""
         self._check_open()
@@ -147,7 +151,9 @@ class InProcessExchange:
                     if sender in exclude_peers:  # as the swarm: still in the view, not delivered
                         skipped.add((r, sender))
                         continue
-                    reason = self.ledger.verdict(r, sender, content)
+                    reason = self.ledger.verdict(r, sender, content, bodies_checked=self.hub.body_check is not None)
+                    if reason is None and self.hub.body_check is not None:
+                        reason = self.hub.body_check(sender, data)
                     if reason is not None:
                         self.ledger.reject(r, sender, content)
                         rejected[sender][reason] += 1

@@ -25,7 +25,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from node.swarm.client import RecordClient
 from node.swarm.dht import SwarmConfig, SwarmDHT, dht_time, install_sigterm_handler, start_dht
 from node.swarm.errors import DHTUnavailableError, SwarmError, SwarmStartError
-from node.swarm.gather import GatheredPacket, GatherResult
+from node.swarm.gather import BodyCheck, GatheredPacket, GatherResult
 from node.swarm.identity import NodeIdentity
 from node.swarm.packets import PacketExchange
 from node.swarm.record import HeaderRecordValidator, RejectReason
@@ -50,8 +50,12 @@ logger = logging.getLogger(__name__)
 class Swarm:
     """One node's membership in the swarm. `start()` it, use it, `shutdown()` it (or use `with`)."""
 
-    def __init__(self, config: SwarmConfig | None = None) -> None:
+    def __init__(self, config: SwarmConfig | None = None, *, body_check: BodyCheck | None = None) -> None:
+        """`body_check(signer, body)`: a reason to refuse a fetched body before it is delivered,
+        or None (a node passes `node.swarm.ledger.body_verdict`, which reads the packet's own
+        header); without it bodies are opaque bytes."""
         self.config = config or SwarmConfig()
+        self.body_check = body_check
         self._identity: NodeIdentity | None = None
         self._dht: SwarmDHT | None = None
         self._exchange: PacketExchange | None = None
@@ -80,7 +84,9 @@ class Swarm:
             maddrs = self._dht.get_visible_maddrs()
             self._join_addrs = _loopback_last([str(m) for m in maddrs])
             client = RecordClient(self._dht, read_beam=cfg.read_beam)
-            self._exchange = PacketExchange(client, cfg, self._peer_id, signer.local_public_key)
+            self._exchange = PacketExchange(
+                client, cfg, self._peer_id, signer.local_public_key, body_check=self.body_check
+            )
             self._exchange.install()
         except SwarmStartError:
             self.shutdown()
@@ -171,12 +177,14 @@ class Swarm:
         stale_rounds: int | None = None,
         max_peers: int | None = None,
         exclude_peers: Collection[str] = (),
+        trusted_peers: Collection[str] = (),
         on_progress: Callable[[int], None] | None = None,
     ) -> GatherResult:
         """Peers' new packets for `round` (and `stale_rounds` before it); limits default to the config.
 
         At most `max_peers` (default `max_peers_per_round`) packets; peers in `exclude_peers`
-        (quarantined by the node) are neither fetched nor judged, only counted in `skipped`.
+        (quarantined by the node) are neither fetched nor judged, only counted in `skipped`;
+        peers in `trusted_peers` are fetched first, and a quarter of the slots is kept for them.
         `on_progress(n)` hears how many peers have delivered so far, as it changes.
         """
         return self._require().gather(
@@ -188,6 +196,7 @@ class Swarm:
             stale_rounds=stale_rounds,
             max_peers=max_peers,
             exclude_peers=exclude_peers,
+            trusted_peers=trusted_peers,
             on_progress=on_progress,
         )
 

@@ -43,10 +43,15 @@ from node.swarm.ledger import GatherLedger, KnownPeers
 from node.swarm.record import HeaderRecord, RejectReason, owner_label, peer_id_of_owner
 from node.swarm.shards import shard_key, shard_of
 
-__all__ = ["FetchBudget", "GatherPlan", "GatherResult", "GatherRun", "GatheredPacket"]
+__all__ = ["BodyCheck", "FetchBudget", "GatherPlan", "GatherResult", "GatherRun", "GatheredPacket"]
 
 logger = logging.getLogger(__name__)
 
+#: (signer, body) -> a reason to refuse the body before it is delivered, or None.
+BodyCheck = Callable[[str, bytes], str | None]
+
+#: Bodies up to this size are one size class in the fetch order (a fetch of well under a second).
+SIZE_CLASS_FLOOR = 1 << 20
 SIGNATURE_BYTES = 356  # "[signature:<base64 of an RSA-2048 signature>]", stripped before we see a value
 _DOWN = (DHTUnavailableError, OSError, EOFError, ValueError)  # no DHT process to ask
 
@@ -101,6 +106,11 @@ class GatherPlan:
     max_packet_bytes: int
     max_total_bytes: int
     exclude: frozenset[str] = frozenset()
+    trusted: frozenset[str] = frozenset()  # fetched first, and `trusted_slots` of k are kept for them
+
+    def trusted_slots(self) -> int:
+        """Slots new identities cannot take: a quarter of k, while any peer is trusted."""
+        return min(max(1, self.max_peers // 4), len(self.trusted), self.max_peers)
 
 
 @dataclass
@@ -108,7 +118,7 @@ class _Candidate:
     round: int
     peer: str
     record: HeaderRecord
-    order: tuple[Any, ...]  # sort key: recent fetch failures last, then smaller sizes, then a per-node shuffle
+    order: tuple[Any, ...]  # sort key: recent fetch failures last, trusted first, big last, then a per-node shuffle
 
 
 @dataclass
@@ -170,6 +180,7 @@ class GatherRun:
         budget: FetchBudget | None = None,
         carried: list[_Fetch] | None = None,
         serial: int = 0,
+        body_check: BodyCheck | None = None,
     ) -> None:
         """`on_progress(n)`: called when the number of peers delivered so far changes (a live view).
 
@@ -191,6 +202,7 @@ class GatherRun:
         self.candidates: dict[tuple[int, str], _Candidate] = {}
         self.budget = budget or FetchBudget(config.fetch_base_s, config.fetch_min_bytes_per_s, config.fetch_timeout_s)
         self.serial = serial
+        self.body_check = body_check
         self.fetches: list[_Fetch] = []
         self.delivered: set[str] = set()
         self.reserved_bytes = 0  # accepted plus in-flight fetches
@@ -208,6 +220,13 @@ class GatherRun:
 
     def slots(self) -> int:
         return self.plan.max_peers - len(self.delivered) - len(self.fetches)
+
+    def untrusted_slots(self) -> int:
+        """Free slots a peer not yet trusted may take: k less the trusted peers' reserve."""
+        trusted = self.plan.trusted
+        holders = [*self.delivered, *(f.candidate.peer for f in self.fetches)]
+        held = sum(p not in trusted for p in holders)
+        return min(self.slots(), self.plan.max_peers - self.plan.trusted_slots() - held)
 
     def done(self) -> bool:
         p = self.plan
@@ -358,7 +377,7 @@ class GatherRun:
                 return
             if r == self.plan.round:
                 self.writer_shards[peer] = record.shards
-            reason = self.ledger.verdict(r, peer, content)
+            reason = self.ledger.verdict(r, peer, content, bodies_checked=self.body_check is not None)
             if reason is not None:
                 self._reject(r, peer, content, reason)
             elif record.size > self.plan.max_packet_bytes:
@@ -366,7 +385,10 @@ class GatherRun:
             else:
                 tiebreak = hashlib.sha256(f"{self.me}/{r}/{peer}".encode()).digest()
                 failed = self.known.failed_recently(peer, self.plan.round)
-                order = (failed, record.size.bit_length(), tiebreak)
+                # Big bodies last (they hold budget and a slot for long); below SIZE_CLASS_FLOOR one
+                # class, so that tiny bodies (Sybils' junk) do not win the slots by being tiny.
+                size_class = max(record.size, SIZE_CLASS_FLOOR).bit_length()
+                order = (failed, peer not in self.plan.trusted, size_class, tiebreak)
                 self.candidates[(r, peer)] = _Candidate(r, peer, record, order)
 
     def _in_flight(self) -> set[tuple[int, str]]:
@@ -385,7 +407,9 @@ class GatherRun:
         for c in sorted(self.candidates.values(), key=lambda c: c.order):
             if self.slots() <= 0:
                 return
-            reason = self.ledger.verdict(c.round, c.peer, c.record.sha256)
+            if c.peer not in self.plan.trusted and self.untrusted_slots() <= 0:
+                continue  # the rest of the slots are the trusted peers'
+            reason = self.ledger.verdict(c.round, c.peer, c.record.sha256, bodies_checked=self.body_check is not None)
             if reason is not None:  # another peer delivered these bytes meanwhile
                 del self.candidates[(c.round, c.peer)]
                 self._reject(c.round, c.peer, c.record.sha256, reason)
@@ -441,6 +465,8 @@ class GatherRun:
         if body is not None:
             self.result.bytes_read += len(body) if c.record.body is None else 0  # inline ones were counted
         reason = reason or _check_body(c.record, body)
+        if not reason and body is not None and self.body_check is not None:  # before its content counts as delivered
+            reason = self.body_check(c.peer, body) or ""
         if reason:
             self.reserved_bytes -= c.record.size if reserved else 0  # the budget goes back to the next candidate
             if reason in (RejectReason.FETCH_FAILED, RejectReason.FETCH_TIMEOUT, RejectReason.BODY_NOT_FOUND):

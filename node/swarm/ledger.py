@@ -5,8 +5,12 @@ gather run so the in-process exchange of `ftis-node experiment` applies the same
 
 * one packet per (peer, round): a second, different packet of a peer already delivered
   for that round is rejected `duplicate`, never delivered again;
+* a body is judged by its own header before its content counts as delivered
+  (`body_verdict`): junk is rejected with the protocol's code (`bad_magic`, ...) and a
+  packet whose header names another sender than the record's signer `relayed`, so a
+  relayer's copy never uses up the true sender's delivery;
 * one delivery per content: bytes already delivered this round under another peer are
-  rejected `duplicate_content` (a relay of someone else's packet);
+  rejected `duplicate_content` (`relayed` where bodies are checked: they name their sender);
 * a rejection is final for that (peer, content): judged once, counted once.
 
 `KnownPeers` is a bounded view of every peer with a valid header in recent rounds, for
@@ -22,8 +26,23 @@ from collections import OrderedDict, defaultdict
 from typing import Any
 
 from node.swarm.record import RejectReason
+from protocol.codec import peek_header
+from protocol.errors import ProtocolError
 
-__all__ = ["GatherLedger", "KnownPeers"]
+__all__ = ["GatherLedger", "KnownPeers", "body_verdict"]
+
+
+def body_verdict(peer: str, body: bytes) -> str | None:
+    """What a fetched body's own header says before it may be delivered under `peer` (the
+    record's verified signer): a protocol error code for junk, `relayed` for another sender's
+    packet, None for a packet of its own. Only the header is read (`peek_header`)."""
+    try:
+        header = peek_header(body)
+    except ProtocolError as err:
+        return str(err.code)
+    if header.sender_peer_id != peer:
+        return RejectReason.RELAYED
+    return None
 
 
 class GatherLedger:
@@ -38,12 +57,15 @@ class GatherLedger:
         """True if this exact (peer, content) was delivered or rejected already: nothing to do."""
         return self._delivered[round].get(peer) == content or (peer, content) in self._rejected[round]
 
-    def verdict(self, round: int, peer: str, content: bytes) -> RejectReason | None:
-        """The duplicate rules for a not-yet-judged (peer, content); None if it may be delivered."""
+    def verdict(self, round: int, peer: str, content: bytes, *, bodies_checked: bool = False) -> RejectReason | None:
+        """The duplicate rules for a not-yet-judged (peer, content); None if it may be delivered.
+
+        `bodies_checked`: every delivered body passed `body_verdict`, so it names the peer it
+        was delivered under, and the same bytes under another key are a relayed copy."""
         if peer in self._delivered[round]:
             return RejectReason.DUPLICATE
         if content in self._contents[round]:
-            return RejectReason.DUPLICATE_CONTENT
+            return RejectReason.RELAYED if bodies_checked else RejectReason.DUPLICATE_CONTENT
         return None
 
     def deliver(self, round: int, peer: str, content: bytes) -> None:

@@ -25,7 +25,7 @@ from hivemind.utils import MPFuture, MSGPackSerializer
 from node.swarm import reach
 from node.swarm.client import RecordClient
 from node.swarm.dht import SwarmConfig, dht_time
-from node.swarm.gather import FetchBudget, GatherPlan, GatherResult, GatherRun
+from node.swarm.gather import BodyCheck, FetchBudget, GatherPlan, GatherResult, GatherRun
 from node.swarm.ledger import GatherLedger, KnownPeers
 from node.swarm.record import SIGNATURE_MARK, HeaderRecord
 from node.swarm.rejoin import rejoin
@@ -39,8 +39,17 @@ logger = logging.getLogger(__name__)
 class PacketExchange:
     """One node's packets in the swarm: publish its own, gather its peers'."""
 
-    def __init__(self, client: RecordClient, config: SwarmConfig, peer_id: str, owner_subkey: bytes) -> None:
+    def __init__(
+        self,
+        client: RecordClient,
+        config: SwarmConfig,
+        peer_id: str,
+        owner_subkey: bytes,
+        *,
+        body_check: BodyCheck | None = None,
+    ) -> None:
         self.client, self.config = client, config
+        self.body_check = body_check
         self.peer_id, self.owner_subkey = peer_id, owner_subkey
         self.ledger = GatherLedger()
         self.known = KnownPeers(max_peers=config.known_peers_max, keep_rounds=config.known_peers_rounds)
@@ -153,6 +162,7 @@ class PacketExchange:
         stale_rounds: int | None = None,
         max_peers: int | None = None,
         exclude_peers: Collection[str] = (),
+        trusted_peers: Collection[str] = (),
         on_progress: Callable[[int], None] | None = None,
     ) -> GatherResult:
         """Peers' packets for `round` (and up to `stale_rounds` before it) that this node has not seen yet.
@@ -187,6 +197,7 @@ class PacketExchange:
                 max_packet_bytes=cfg.max_packet_bytes if max_packet_bytes is None else max_packet_bytes,
                 max_total_bytes=cfg.max_total_bytes if max_total_bytes is None else max_total_bytes,
                 exclude=frozenset(exclude_peers),
+                trusted=frozenset(trusted_peers),
             )
             self.ledger.forget_before(round - stale - 2)
             self.known.prune(round)
@@ -204,6 +215,7 @@ class PacketExchange:
                 budget=self.budget,
                 carried=self._carried,
                 serial=self._gathers,
+                body_check=self.body_check,
             )
             result = run.run()
             self._carried = run.carry

@@ -69,6 +69,7 @@ class RejectReason(StrEnum):
     OVER_PACKET_LIMIT = "over_packet_limit"  # declares more than max_packet_bytes (= protocol Limits.max_bytes)
     DUPLICATE = "duplicate"  # a second, different packet of one peer for one round
     DUPLICATE_CONTENT = "duplicate_content"  # bytes already delivered this round, under another peer
+    RELAYED = "relayed"  # the body's own header names another sender than the record's signer
     OVER_BUDGET = "over_budget"  # max_total_bytes stayed used up until the gather ended
     HASH_MISMATCH = "hash_mismatch"  # body does not match the header's sha256
     SIZE_MISMATCH = "size_mismatch"  # fetched body has another length than the header says
