@@ -91,8 +91,8 @@ class GainSettings(BaseModel):
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # About 60 min on 2 idle cores with SmolLM2 (docs/swarm-gain.md has the measured time).
-    # The heterogeneous swarm's first node is the homogeneous one's (T 0.7, same seed): one isolation run less.
+    # SmolLM2, the paper's setting only (a heterogeneous pair: the F-TIS vs NoIS question); 12
+    # node-runs of 8 rounds, each with its held-out and OOD evals (docs/swarm-gain.md has the time).
     "short": dict(
         nodes=2,
         rounds=8,
@@ -101,6 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_tokens=32,
         seeds=[0, 1],
         shares=[0.5],
+        swarms=["heterogeneous"],
         hetero_temperatures=(0.7, 1.0),
     ),
     "full": dict(
