@@ -42,8 +42,10 @@ def test_solo_loop_trains_and_the_engine_follows_the_trainer(tmp_path):
     results = node.setup().run()
     assert [r.round for r in results] == list(range(20))
     assert len(set(versions)) == 20, "some round did not change the weights"
+    # A round whose every group got one reward has no advantage, hence no gradient (seed-dependent).
+    assert sum(r.metrics["groups_with_signal"] > 0 for r in results) >= 15
     for r in results:
-        assert r.metrics["grad_norm"] > 0
+        assert (r.metrics["grad_norm"] > 0) == (r.metrics["groups_with_signal"] > 0), r.round
         assert r.metrics["mean_abs_delta"] < 1e-4, f"round {r.round}: engine and trainer disagree"
         assert r.metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     status = json.loads((tmp_path / "solo" / "status.json").read_text())

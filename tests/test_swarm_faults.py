@@ -20,20 +20,26 @@ from node.swarm import Swarm
 MIB = 1 << 20
 
 
+SENT: dict[tuple[str, int], str] = {}  # (peer id, round) -> sha of what it published
+
+
 def exchange(nodes: dict[str, Peer], rnd: int, size: int, deadline: float) -> dict[str, set[str]]:
-    """Every node publishes, then every node gathers; returns name -> peer ids it got a packet from."""
-    sent = {}
+    """Every node publishes, then every node gathers; returns name -> peer ids it got a round-`rnd` packet from.
+
+    A gather also reads the round before (`stale_rounds`): on a busy machine a packet an earlier
+    call published may arrive there, late but never wrong."""
     for i, (name, p) in enumerate(nodes.items()):
         answer = p.call(op="publish", round=rnd, seed=rnd * 10 + i, size=size)
         assert answer["ok"], (name, answer)
-        sent[p.peer_id] = answer["sha"]
+        SENT[(p.peer_id, rnd)] = answer["sha"]
     for p in nodes.values():
         p.send(op="gather", round=rnd, deadline=deadline, expect=len(nodes) - 1)
     got = {}
     for name, p in nodes.items():
         res = p.read(deadline + 60)
-        assert all(sent.get(peer) == digest for peer, _, _, digest in res["packets"]), name  # never a wrong body
-        got[name] = {peer for peer, *_ in res["packets"]}
+        packets = res["packets"]
+        assert all(SENT.get((peer, r)) == digest for peer, r, _, digest in packets), (name, packets)  # never wrong
+        got[name] = {peer for peer, r, *_ in packets if r == rnd}
     return got
 
 
