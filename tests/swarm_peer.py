@@ -50,7 +50,8 @@ def real_packet(sender: str, swarm_id: str, rnd: int, tokens: int = 4000) -> byt
     )
     ids = [5 + (i * 7 + rnd) % 500 for i in range(tokens // 4)]
     completions = [Completion.of(ids, np.full(len(ids), -0.5, np.float32))] * 4
-    group = Group.of("toy/id/1", "tiny-s", SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=1024), completions)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=1024)
+    group = Group.of("toy/id/1", "tiny-s", sampling, completions)
     return encode(RolloutPacket(header=header, groups=[group]))
 
 
