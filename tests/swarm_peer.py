@@ -34,25 +34,11 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def real_packet(sender: str, swarm_id: str, rnd: int, tokens: int = 4000) -> bytes:
-    """A well-formed rollout packet that names `sender` (about 4 bytes a token)."""
-    import numpy as np
+def real_packet(sender: str, swarm_id: str, rnd: int) -> bytes:
+    """A well-formed rollout packet that names `sender` (about 20 kB)."""
+    from node.bench.gather_peers import synthetic_packet
 
-    from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode
-
-    header = PacketHeader.create(
-        swarm_id=swarm_id,
-        round=rnd,
-        sender_peer_id=sender,
-        base_model_id="tiny-s",
-        tokenizer_fingerprint="test",
-        vocab_size=512,
-    )
-    ids = [5 + (i * 7 + rnd) % 500 for i in range(tokens // 4)]
-    completions = [Completion.of(ids, np.full(len(ids), -0.5, np.float32))] * 4
-    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=1024)
-    group = Group.of("toy/id/1", "tiny-s", sampling, completions)
-    return encode(RolloutPacket(header=header, groups=[group]))
+    return synthetic_packet(swarm_id, rnd, sender, groups=2, completions=8, tokens=300, seed=rnd)
 
 
 async def _stall_bodies(_dht, node) -> None:
