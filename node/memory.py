@@ -47,8 +47,8 @@ MICRO_BATCH_CHOICES = (4096, 2048, 1024, 512, 256)
 #: at 4096 (SmolLM2 LoRA, 16 x 160 tokens: 21.5, 19.6 and 21.1 CPU-s at 256, 1024 and 4096;
 #: docs/benchmarks.md, "Memory"), while the activations grow with it (about 2 MB a token).
 CPU_MICRO_BATCH = 256
-#: Sequences per `generate` call. On a CPU 16 hold a third of 64's KV cache for 3-6 % more CPU
-#: time (SmolLM2, docs/memory.md); a GPU is faster the more it batches.
+#: Sequences per `generate` call. On a CPU 16 hold a third of 64's KV cache at about the same CPU
+#: time (SmolLM2: a round peaks at 1.45 GB instead of 1.98 GB, docs/memory.md); a GPU gains from batching.
 CPU_GENERATE_BATCH, GPU_GENERATE_BATCH = 16, 64
 
 

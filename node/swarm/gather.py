@@ -110,7 +110,7 @@ class GatherPlan:
 
     def trusted_slots(self) -> int:
         """Slots new identities cannot take: a quarter of k, while any peer is trusted."""
-        return min(max(1, self.max_peers // 4), len(self.trusted), self.max_peers)
+        return min(max(1, self.max_peers // 4), len(self.trusted))
 
 
 @dataclass
