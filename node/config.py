@@ -89,6 +89,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "quarantine_fraction": ("node.trust", "TrustConfig", "quarantine_fraction"),
     "quarantine_after": ("node.trust", "TrustConfig", "quarantine_after"),
     "quarantine_rounds": ("node.trust", "TrustConfig", "quarantine_rounds"),
+    "trust_groups": ("node.trust", "TrustConfig", "trust_groups"),
 }
 
 
@@ -254,6 +255,7 @@ class NodeConfig(BaseSettings):
     )
     judge_threshold: float = Field(0.5, gt=0, lt=1, description="Drop a completion the judge flags with this P(yes).")
     probation_rounds: int = _same_as(TrustConfig, "probation_rounds")
+    trust_groups: int = _same_as(TrustConfig, "trust_groups")
     probation_share: float = Field(
         PROBATION_SHARE, ge=0, le=1, description="Largest share of a batch that all peers on probation together take."
     )
@@ -422,6 +424,7 @@ class NodeConfig(BaseSettings):
     def trust_config(self) -> TrustConfig:
         return TrustConfig(
             probation_rounds=self.probation_rounds,
+            trust_groups=self.trust_groups,
             quarantine_fraction=self.quarantine_fraction,
             quarantine_after=self.quarantine_after,
             quarantine_rounds=self.quarantine_rounds,

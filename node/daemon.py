@@ -395,6 +395,7 @@ class Node:
                 self._round_rng("mix", r),
                 trusted=self.trust.trusted(),
                 probation_share=self.cfg.probation_share,
+                served=self.trust.served(),
                 replace=self.cfg.peer_mix == "replace",
             )
         self.status.set_phase("training", r, samples=sum(len(g.sequences) for g in used), peers=answered)
@@ -661,6 +662,7 @@ class Node:
         for g in used:
             if g.source != SELF:
                 self.status.peer_update(g.source, samples_used=len(g.sequences))
+                self.trust.credit(g.source, 1)
         for source, stats in by_source.items():
             if source != SELF:
                 self.status.peer_update(source, offpolicy=stats)

@@ -59,6 +59,7 @@ def mix_groups(
     *,
     trusted: set[str] | None = None,
     probation_share: float = PROBATION_SHARE,
+    served: dict[str, int] | None = None,
     replace: bool = False,
 ) -> tuple[list[ScoredGroup], int]:
     """Own groups plus as many peer groups as `peer_share` allows (counted in sequences).
@@ -76,7 +77,9 @@ def mix_groups(
     the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
     node/trust.py) take their turns after the trusted ones, and all of them together carry
     at most `probation_share` of the loss (of the batch's groups), or one group where that
-    share rounds down to none. `trusted=None` trusts
+    share rounds down to none; the least `served` of them (groups trained on so far, the
+    volume trust asks for) go first, so n identities share the pool evenly and each earns
+    trust n times slower, not by luck of the draw. `trusted=None` trusts
     everyone. Returns the batch and the number of peer groups left out.
     """
     if peer_share <= 0 or not peers:
@@ -98,7 +101,7 @@ def mix_groups(
         # round even in a small batch (a Sybil army still shares that one group).
         share = min(probation_share, 0.999)
         max_groups = max(1, int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9))
-        chosen += _take_turns(newcomers, budget - used, max_groups, rng)[0]
+        chosen += _take_turns(newcomers, budget - used, max_groups, rng, served or {})[0]
     kept = list(own)
     if replace:  # own groups give up the room the peers took, drawn at random
         room = own_seqs - sum(len(g.sequences) for g in chosen)
@@ -125,14 +128,21 @@ def _fingerprint(group: ScoredGroup) -> tuple:
 
 
 def _take_turns(
-    groups: list[ScoredGroup], budget: float, max_groups: float, rng: random.Random
+    groups: list[ScoredGroup],
+    budget: float,
+    max_groups: float,
+    rng: random.Random,
+    served: dict[str, int] | None = None,
 ) -> tuple[list[ScoredGroup], int]:
-    """Groups of several sources in turns, one group per source per turn, within `budget` sequences."""
+    """Groups of several sources in turns, one group per source per turn, within `budget` sequences;
+    sources in a random order, or the least `served` first where that is given."""
     by_source: dict[str, list[ScoredGroup]] = {}
     for group in groups:
         by_source.setdefault(group.source, []).append(group)
     queues = [rng.sample(gs, len(gs)) for _, gs in sorted(by_source.items())]
     rng.shuffle(queues)
+    if served is not None:
+        queues.sort(key=lambda q: served.get(q[0].source, 0))  # stable: ties keep the random order
     chosen, used = [], 0
     while any(queues) and len(chosen) < max_groups:
         for queue in queues:

@@ -4,7 +4,11 @@ Identities are cheap (a signing key takes milliseconds to make), so a peer id ea
 nothing by existing. Every peer starts on PROBATION: its samples may enter a batch only
 within a small share that all not-yet-trusted peers together take (`mix_groups`). It
 becomes TRUSTED after `probation_rounds` rounds in which it sent samples and the screen
-dropped at most `clean_fraction` of them. A peer whose screened fraction is above
+dropped at most `clean_fraction` of them, AND once `trust_groups` of its groups have been
+trained on. The second rule is what makes identities cost: the probation share is one
+pool, so n new identities fill it n times slower each, and while trusted peers fill the
+batch a newcomer earns nothing (rounds alone let any number of clean Sybils in after
+`probation_rounds`, and turns then hand them most of the batch). A peer whose screened fraction is above
 `quarantine_fraction` in `quarantine_after` consecutive rounds is QUARANTINED for
 `quarantine_rounds` rounds: its packets are refused before they are decoded. When the
 quarantine ends it starts over on probation. A trusted peer that has a bad round goes
@@ -85,6 +89,9 @@ class TrustConfig(BaseModel):
     )
     quarantine_after: int = Field(2, ge=1, description="Consecutive bad rounds that quarantine a peer.")
     quarantine_rounds: int = Field(20, ge=1, description="How many rounds a quarantine lasts.")
+    trust_groups: int = Field(
+        8, ge=0, description="Groups of a peer's trained on (within the probation share) before it is trusted."
+    )
 
 
 @dataclass
@@ -99,6 +106,7 @@ class PeerTrust:
     quarantined_until: int | None = None  # first round it is heard again
     screened: Counter[str] = field(default_factory=Counter)  # running totals, by reason
     samples: int = 0  # running total of samples offered
+    groups_used: int = 0  # groups trained on since it last started probation (the volume trust needs)
     # the round being collected
     _round: int | None = None
     _offered: int = 0
@@ -148,6 +156,11 @@ class TrustBook:
                 if p.state == "quarantined" and (p.quarantined_until is None or round_ < p.quarantined_until)
             }
 
+    def served(self) -> dict[str, int]:
+        """Groups trained on per peer since its probation began (mix_groups serves the least first)."""
+        with self._lock:
+            return {p.peer_id: p.groups_used for p in self._peers.values()}
+
     def trusted(self) -> set[str]:
         with self._lock:
             return {p.peer_id for p in self._peers.values() if p.state == "trusted"}
@@ -165,6 +178,11 @@ class TrustBook:
             peer.samples += offered
             peer.screened.update(hostile)
 
+    def credit(self, peer_id: str, groups: int) -> None:
+        """`groups` of `peer_id`'s were trained on: the volume a peer on probation earns trust by."""
+        with self._lock:
+            self._peer(peer_id).groups_used += groups
+
     def end_round(self, round_: int) -> None:
         """Move every peer by what it sent in `round_` (peers that sent nothing keep their state)."""
         cfg = self.cfg
@@ -173,7 +191,7 @@ class TrustBook:
                 if peer.state == "quarantined":
                     if peer.quarantined_until is not None and round_ + 1 >= peer.quarantined_until:
                         peer.state, peer.reason = "probation", f"quarantine ended at round {peer.quarantined_until}"
-                        peer.clean_rounds = peer.bad_rounds = 0
+                        peer.clean_rounds = peer.bad_rounds = peer.groups_used = 0
                         peer.quarantined_until = None
                     continue
                 if peer._round != round_ or peer._offered == 0:
@@ -192,12 +210,21 @@ class TrustBook:
                         )
                     elif peer.state == "trusted":
                         peer.state, peer.reason = "probation", f"{share:.0%} of its samples screened in round {round_}"
+                        peer.groups_used = 0
                     continue
                 peer.bad_rounds = 0
                 if share <= cfg.clean_fraction:
                     peer.clean_rounds += 1
                 else:
                     peer.clean_rounds = 0
-                if peer.state == "probation" and peer.clean_rounds >= cfg.probation_rounds:
-                    screened = f"{cfg.clean_fraction:.0%}"  # trust looks at screening only, not at off-task packets
-                    peer.state, peer.reason = "trusted", f"{peer.clean_rounds} rounds with at most {screened} screened"
+                if peer.state != "probation" or peer.clean_rounds < cfg.probation_rounds:
+                    continue
+                screened = f"{cfg.clean_fraction:.0%}"  # trust looks at screening only, not at off-task packets
+                if peer.groups_used < cfg.trust_groups:
+                    peer.reason = (
+                        f"{peer.clean_rounds} clean rounds; {peer.groups_used} of {cfg.trust_groups} groups trained on"
+                    )
+                    continue
+                trained = f"{peer.groups_used} groups trained on"
+                peer.state = "trusted"
+                peer.reason = f"{peer.clean_rounds} rounds with at most {screened} screened, {trained}"

@@ -7,12 +7,21 @@ from collections import Counter
 from node.trust import TrustBook, TrustConfig
 
 CFG = TrustConfig(
-    probation_rounds=3, clean_fraction=0.1, quarantine_fraction=0.25, quarantine_after=2, quarantine_rounds=5
+    probation_rounds=3,
+    clean_fraction=0.1,
+    quarantine_fraction=0.25,
+    quarantine_after=2,
+    quarantine_rounds=5,
+    trust_groups=6,
 )
 
 
-def play(book: TrustBook, peer: str, r: int, offered: int, screened: int, reason: str = "implausible") -> None:
+def play(
+    book: TrustBook, peer: str, r: int, offered: int, screened: int, reason: str = "implausible", used: int = 2
+) -> None:
+    """One round: `peer` offers samples, `screened` are dropped, `used` of its groups are trained on."""
     book.observe(peer, r, offered, Counter({reason: screened}) if screened else Counter())
+    book.credit(peer, used)
     book.end_round(r)
 
 
@@ -26,6 +35,30 @@ def test_a_new_peer_is_trusted_after_clean_rounds_and_demoted_by_a_bad_one():
     assert book.get("p").state == "trusted" and book.trusted() == {"p"}
     play(book, "p", 4, 100, 30)
     assert book.get("p").state == "probation" and "30%" in book.get("p").reason
+    assert book.get("p").groups_used == 0  # trust is earned again, by volume as well
+
+
+def test_clean_rounds_alone_do_not_make_a_peer_trusted_the_groups_trained_on_do():
+    """The probation share is one pool: five identities filling it take five times longer each."""
+    book = TrustBook(CFG)
+    for r in range(10):
+        play(book, "idle", r, 100, 0, used=0)  # clean, but never in a batch (trusted peers filled it)
+    assert book.get("idle").state == "probation" and "0 of 6 groups" in book.get("idle").reason
+    sybils = [f"s{i}" for i in range(5)]
+    trusted_at: dict[str, int] = {}
+    for r in range(40):
+        for i, s in enumerate(sybils):  # one probation group a round, handed round-robin
+            book.observe(s, r, 8, Counter())
+            book.credit(s, int(r % 5 == i))
+        book.end_round(r)
+        trusted_at |= {s: r for s in sybils if s not in trusted_at and book.get(s).state == "trusted"}
+    assert min(trusted_at.values()) >= 25 and len(trusted_at) == 5
+    lone = TrustBook(CFG)
+    for r in range(10):
+        play(lone, "joiner", r, 8, 0, used=1)
+        if lone.get("joiner").state == "trusted":
+            break
+    assert r == 5  # one group a round: trusted after its 6th
 
 
 def test_a_peer_screened_above_the_threshold_twice_is_quarantined_for_a_while():
@@ -60,3 +93,14 @@ def test_no_probation_trusts_at_once():
     book = TrustBook(TrustConfig(probation_rounds=0))
     book.observe("p", 0, 10, Counter())
     assert book.trusted() == {"p"}
+
+
+def test_five_clean_sybils_take_a_small_share_of_peer_samples_where_rounds_alone_let_them_take_most():
+    """The node's own mix and trust, at its default batch, against 5 identities sending clean samples."""
+    from node.bench.sybil import measure_share_capture
+
+    for honest_groups in (8, 4):  # an honest peer that fills the peer budget, one that leaves room
+        runs = [measure_share_capture(honest_groups=honest_groups, seed=s) for s in range(3)]
+        assert max(r["sybil_share_of_peer_samples"] for r in runs) <= 0.25, runs
+    rounds_only = measure_share_capture(honest_groups=4, trust=TrustConfig(trust_groups=0))
+    assert rounds_only["sybil_share_of_peer_samples"] > 0.6 and rounds_only["sybils_trusted_at_round"] == 2

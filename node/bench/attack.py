@@ -226,6 +226,9 @@ def _play(
         lr=lr,
         train_mode=train_mode,
         expect_peers=len(honest),
+        # The attacker earns trust by rounds alone: the patient attacker that has already paid the
+        # volume trust asks (node/trust.py), so what this bench measures is the screen.
+        trust_groups=0,
     )
     specs = [(f"honest{i}", model, kw | {"seed": seed * 100 + i}) for i, model in enumerate(honest)]
     nodes, endpoint = _start(specs, work, screen=screen, dht=dht)
@@ -430,6 +433,7 @@ def run_attack_bench(
         "screen_off": off,
         "screen_on": on,
     }
+    result["share_capture"] = _share_capture()
     if heterogeneous_rounds:
         with quiet_hf():
             result["heterogeneous"] = measure_heterogeneous(heterogeneous_rounds, seed)
@@ -440,6 +444,24 @@ def run_attack_bench(
             result["judge"] = {"error": f"{type(err).__name__}: {err}"}
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
+
+
+def _share_capture() -> dict[str, Any]:
+    """5 clean Sybils vs one honest trusted peer over 20 rounds: today's trust rule next to rounds alone."""
+    from node.bench.sybil import measure_share_capture
+    from node.trust import TrustConfig
+
+    out: dict[str, Any] = {}
+    for honest_groups in (8, 4):  # an honest peer that fills the peer budget, one that leaves room
+        now = measure_share_capture(honest_groups=honest_groups)
+        rounds_only = measure_share_capture(honest_groups=honest_groups, trust=TrustConfig(trust_groups=0))
+        out[f"honest_offers_{honest_groups}"] = {
+            "sybil_share": now["sybil_share_of_peer_samples"],
+            "sybil_share_rounds_only": rounds_only["sybil_share_of_peer_samples"],
+            "sybils_trusted_at_round": now["sybils_trusted_at_round"],
+        }
+    out["settings"] = now["settings"] | {"rounds": now["rounds"], "sybils": now["sybils"]}
+    return out
 
 
 def format_attack_bench(r: dict[str, Any]) -> str:
@@ -454,6 +476,12 @@ def format_attack_bench(r: dict[str, Any]) -> str:
         f"poisoned admitted {on['attacker_poisoned_admitted']}, quarantined by all at round "
         f"{on['attacker_quarantined_by_all_at']}"
     )
+    for key, c in r.get("share_capture", {}).items():
+        if key.startswith("honest_offers_"):
+            lines.append(
+                f"  5 clean Sybils, honest peer offers {key.rsplit('_', 1)[1]} groups: {c['sybil_share']:.0%} of peer "
+                f"samples over 20 rounds ({c['sybil_share_rounds_only']:.0%} with trust by rounds alone)"
+            )
     if "heterogeneous" in r:
         h = r["heterogeneous"]
         lines.append(
