@@ -101,7 +101,7 @@ def mix_groups(
         # round even in a small batch (a Sybil army still shares that one group).
         share = min(probation_share, 0.999)
         max_groups = max(1, int(share / (1 - share) * (len(own) + len(chosen)) + 1e-9))
-        chosen += _take_turns(newcomers, budget - used, max_groups, rng, served or {})[0]
+        chosen += _take_turns(newcomers, budget - used, max_groups, rng, served)[0]
     kept = list(own)
     if replace:  # own groups give up the room the peers took, drawn at random
         room = own_seqs - sum(len(g.sequences) for g in chosen)

@@ -8,8 +8,8 @@ dropped at most `clean_fraction` of them, AND once `trust_groups` of its groups 
 trained on. The second rule is what makes identities cost: the probation share is one
 pool, so n new identities fill it n times slower each, and while trusted peers fill the
 batch a newcomer earns nothing (rounds alone let any number of clean Sybils in after
-`probation_rounds`, and turns then hand them most of the batch). A peer whose screened fraction is above
-`quarantine_fraction` in `quarantine_after` consecutive rounds is QUARANTINED for
+`probation_rounds`, and turns then hand them most of the batch). A peer whose screened
+fraction is above `quarantine_fraction` in `quarantine_after` consecutive rounds is QUARANTINED for
 `quarantine_rounds` rounds: its packets are refused before they are decoded. When the
 quarantine ends it starts over on probation. A trusted peer that has a bad round goes
 back on probation (its clean streak starts again).

@@ -476,11 +476,13 @@ def format_attack_bench(r: dict[str, Any]) -> str:
         f"poisoned admitted {on['attacker_poisoned_admitted']}, quarantined by all at round "
         f"{on['attacker_quarantined_by_all_at']}"
     )
-    for key, c in r.get("share_capture", {}).items():
+    capture = r.get("share_capture", {})
+    for key, c in capture.items():
         if key.startswith("honest_offers_"):
             lines.append(
-                f"  5 clean Sybils, honest peer offers {key.rsplit('_', 1)[1]} groups: {c['sybil_share']:.0%} of peer "
-                f"samples over 20 rounds ({c['sybil_share_rounds_only']:.0%} with trust by rounds alone)"
+                f"  {capture['settings']['sybils']} clean Sybils, honest peer offers {key.rsplit('_', 1)[1]} groups: "
+                f"{c['sybil_share']:.0%} of peer samples over {capture['settings']['rounds']} rounds "
+                f"({c['sybil_share_rounds_only']:.0%} with trust by rounds alone)"
             )
     if "heterogeneous" in r:
         h = r["heterogeneous"]
