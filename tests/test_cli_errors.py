@@ -68,6 +68,7 @@ BAD_VALUES = {
     "claim_margin": "-1",
     "judge_threshold": "1",
     "probation_rounds": "-1",
+    "trust_groups": "-1",
     "probation_share": "1.5",
     "quarantine_fraction": "2",
     "quarantine_after": "0",
