@@ -15,7 +15,9 @@ Nothing a peer sends is trusted. In order, cheapest first:
 5. the screen (node/screen.py): each completion under our OWN model at the declared
    sampling parameters; implausible ones are dropped, and a claimed log-prob may not raise
    the weight of a token we find implausible;
-6. our own verifier re-scores every completion (the sender's reward is never read).
+6. our own verifier re-scores every completion (the sender's reward is never read), and
+   what follows the answer's closing tag is cut (`tail_tokens_cut`; `cut_tails`, on with
+   the screen): no verifier vouched for it.
 
 A packet from a node with our tokenizer is used at the token level (the F-TIS path). One
 with another tokenizer has no token-level ratio: its text is re-tokenized and the whole
@@ -39,8 +41,9 @@ from typing import Literal
 import numpy as np
 
 from node.groups import ScoredGroup, ScoredSequence
-from node.screen import PlausibilityScreen, Screen, TokenView, honest_claims
+from node.screen import PlausibilityScreen, Screen, ScreenConfig, TokenView, honest_claims
 from node.tasks import Task
+from node.tasks.answer import ANSWER_CLOSE
 from node.trust import HOSTILE_REASONS, TrustBook
 from protocol import Limits, ProtocolError, RolloutPacket, decode, peek_header
 from protocol.keys import STALE_ROUNDS
@@ -65,6 +68,7 @@ class Admitted:
     details: dict[str, str] = field(default_factory=dict)
     offered: int = 0  # completions in the decoded packet
     screen_checked: int = 0  # completions that reached the screen
+    tail_tokens_cut: int = 0  # tokens after an answer's closing tag, not trained on (`cut_tail`)
 
     def reject(self, reason: str, detail: str, count: int = 1) -> None:
         self.rejected[reason] += count
@@ -103,6 +107,8 @@ class Admission:
         max_positions: int | None = None,
         screens: Sequence[Screen] | None = None,
         claim_margin: float = 0.0,
+        claim_floor: float = ScreenConfig().logprob_floor,
+        cut_tails: bool = True,
         trust: TrustBook | None = None,
         cross_tokenizer: Literal["graft", "drop"] = "graft",
         limits: Limits | None = None,
@@ -123,6 +129,8 @@ class Admission:
         self.max_positions = max_positions
         self.screens: list[Screen] = [PlausibilityScreen()] if screens is None else list(screens)
         self.claim_margin = claim_margin
+        self.claim_floor = claim_floor
+        self.cut_tails = cut_tails
         self.trust = trust
         self.cross_tokenizer = cross_tokenizer
         self.limits = limits or Limits()
@@ -248,11 +256,40 @@ class Admission:
         kept = self._screen(result, scored, kept, same_tokenizer)
         for seq, _ in kept:
             seq.reward = float(self.task.reward(problem, seq.text))
+            if self.cut_tails:
+                result.tail_tokens_cut += self._cut_tail(seq)
             scored.sequences.append(seq)
         if len(scored.sequences) >= self.min_group_size:
             result.groups.append(scored)
         elif scored.sequences:
             result.reject("group_too_small", f"only {len(scored.sequences)} completions survived admission")
+
+    def _cut_tail(self, seq: ScoredSequence) -> int:
+        """Keep a peer's completion only up to its answer's closing tag (and an end-of-sequence
+        right after it); returns the tokens cut.
+
+        The reward judged the answer, never what follows it, so a tail after the tag is text no
+        verifier vouched for: learning it from a peer buys nothing and is how a lie slips past
+        the screen (one odd token or two after a correct answer, claimed at -40, pulled its
+        log-prob up 22 nats in 24 rounds: `ftis-node bench attack`, the evasive tail).
+        """
+        ids = seq.completion_ids
+        if ANSWER_CLOSE not in seq.text:
+            return 0
+        lo, hi = 1, len(ids)  # the shortest prefix whose text holds the tag (monotone in length)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ANSWER_CLOSE in self.tokenizer.decode(ids[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        if ANSWER_CLOSE not in self.tokenizer.decode(ids[:lo]):
+            return 0  # the text had the tag but these ids never spell it (a grafted oddity): keep all
+        end = lo + 1 if lo < len(ids) and ids[lo] == self.tokenizer.eos_token_id else lo
+        if end == len(ids):
+            return 0
+        seq.completion_ids, seq.logp_gen = list(ids[:end]), seq.logp_gen[:end]
+        return len(ids) - end
 
     def _candidate(self, result: Admitted, group: ScoredGroup, completion, same_tokenizer: bool) -> _Candidate | None:
         """A completion as ids THIS model can take, or None (rejected with a reason)."""
@@ -316,7 +353,7 @@ class Admission:
             if not alive[i]:
                 continue
             if same_tokenizer and flagged[i].any():
-                seq.logp_gen = honest_claims(seq.logp_gen, view.logp, flagged[i], self.claim_margin)
+                seq.logp_gen = honest_claims(seq.logp_gen, view.logp, flagged[i], self.claim_margin, self.claim_floor)
             survivors.append((seq, view))
         return survivors
 

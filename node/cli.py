@@ -213,6 +213,7 @@ def bench_attack(
     seed: int = typer.Option(0, help="Seed of both runs."),
     lr: float = typer.Option(ATTACK_LR, help="Learning rate of the honest (full fine-tuning) nodes."),
     heterogeneous_rounds: int = typer.Option(8, min=0, help="Rounds of the false-positive check (0: skip)."),
+    tail_rounds: int = typer.Option(80, min=0, help="Rounds of each evasive-tail run (0: skip)."),
     judge: str = typer.Option("smollm2-135m-embedded", help="Judge model whose cost is measured ('' to skip)."),
 ) -> None:
     """The HTTT poisoning attack on 3 honest nodes, with the screen off and on (docs/security.md)."""
@@ -225,6 +226,7 @@ def bench_attack(
         seed=seed,
         lr=lr,
         heterogeneous_rounds=heterogeneous_rounds,
+        tail_rounds=tail_rounds,
         judge=judge or None,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

@@ -242,7 +242,9 @@ class NodeConfig(BaseSettings):
         "graft", description="Peers with another tokenizer: sequence-level weight (graft) or drop."
     )
     # --- hostile peers (docs/security.md)
-    screen: bool = Field(True, description="Screen peers' completions under this node's own model.")
+    screen: bool = Field(
+        True, description="Screen peers' completions under this node's own model; cut what follows their answers."
+    )
     screen_logprob_floor: float = _same_as(ScreenConfig, "logprob_floor")
     screen_top_k: int = _same_as(ScreenConfig, "support_top_k")
     screen_max_run: int = _same_as(ScreenConfig, "max_run")

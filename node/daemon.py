@@ -145,6 +145,8 @@ class Node:
             max_positions=self.trainer.max_positions,
             screens=self._screens(),
             claim_margin=cfg.claim_margin,
+            claim_floor=cfg.screen_logprob_floor,  # no claim below the floor on a token we flag
+            cut_tails=cfg.screen,  # --no-screen turns every content defence off (bench attack's baseline)
             trust=self.trust,
             cross_tokenizer=cfg.cross_tokenizer,
             chat_template=self.generation.chat_template,
@@ -589,6 +591,7 @@ class Node:
                 packets=1,
                 groups_admitted=len(admitted.groups),
                 samples_admitted=admitted.samples,
+                tail_tokens_cut=admitted.tail_tokens_cut,
                 last_round=admitted.round,
                 last_seen=time.time(),
                 **_sender_model(item.data),

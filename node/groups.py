@@ -124,7 +124,8 @@ def drop_copies(own: list[ScoredGroup], peers: list[ScoredGroup]) -> tuple[list[
 
 
 def _fingerprint(group: ScoredGroup) -> tuple:
-    return (tuple(group.prompt_ids), tuple(sorted(tuple(s.completion_ids) for s in group.sequences)))
+    # By text where there is one: admission cuts a peer's ids after the answer tag, not its text.
+    return (tuple(group.prompt_ids), tuple(sorted(s.text or repr(s.completion_ids) for s in group.sequences)))
 
 
 def _take_turns(

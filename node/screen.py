@@ -20,10 +20,15 @@ Claimed log-probs. F-TIS weights a peer's token by w = min(pi_local / pi_gen, C)
 pi_gen is what the sender CLAIMS. A sender that claims a tiny pi_gen for its injected
 tokens buys them the cap C instead of the tiny weight an honest claim would give. The
 rule (`honest_claims`): for every flagged token of a completion that was let through,
-the claim is raised to at least our own log-prob minus `claim_margin`, so its weight is
-at most exp(claim_margin) (1 by default): the sender's claim can lower the weight of a
-token we find implausible, never raise it above what our own view allows. Tokens we find
-plausible keep the claimed value: there, a lie buys at most C on text we would write.
+the claim is raised to at least our own log-prob minus `claim_margin`, AND to at least
+`logprob_floor`, so its weight is at most min(exp(claim_margin), exp(local - floor)):
+the sender's claim can lower the weight of a token we find implausible, never raise it
+above what our own view allows. The floor matters for a single odd token after a correct
+answer: capped at weight 1, a lie of -40 on it still pulled its log-prob up by 19 nats in 24
+rounds (`ftis-node bench attack`, the evasive tail). A token our model puts at -28 now
+weighs exp(-19), whatever is claimed; an honest sender's tokens lose little, since a
+sampler rarely draws a token at a probability below the floor. Tokens we find plausible
+keep the claimed value: there, a lie buys at most C on text we would write.
 
 The interface is small so other screens plug in (node/judge.py adds an LLM judge):
 `Screen.screen(group, views) -> one Verdict per sequence`.
@@ -144,13 +149,16 @@ class PlausibilityScreen:
         return Verdict.passed(flagged)
 
 
-def honest_claims(logp_gen: np.ndarray, local_logp: np.ndarray, flagged: np.ndarray, margin: float) -> np.ndarray:
-    """The sender's claimed log-probs, with each flagged token's claim raised to >= local - margin.
+def honest_claims(
+    logp_gen: np.ndarray, local_logp: np.ndarray, flagged: np.ndarray, margin: float, floor: float = -np.inf
+) -> np.ndarray:
+    """The sender's claimed log-probs, each flagged token's claim raised to >= max(local - margin, floor).
 
-    F-TIS's weight is exp(local - gen); after this, a flagged token's weight is <= exp(margin).
+    F-TIS's weight is exp(local - gen); after this, a flagged token's weight is
+    <= min(exp(margin), exp(local - floor)).
     """
-    floor = local_logp.astype(np.float32) - np.float32(margin)
-    out = np.where(flagged, np.maximum(logp_gen, floor), logp_gen)
+    least = np.maximum(local_logp.astype(np.float32) - np.float32(margin), np.float32(floor))
+    out = np.where(flagged, np.maximum(logp_gen, least), logp_gen)
     return np.minimum(out, 0.0).astype(np.float32)  # still a log-probability
 
 

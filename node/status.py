@@ -33,6 +33,7 @@ class PeerStats(BaseModel):
     groups_admitted: int = 0
     samples_admitted: int = 0
     samples_used: int = 0
+    tail_tokens_cut: int = 0  # tokens after its answers' closing tags, not trained on (node/admission.py)
     last_round: int | None = None
     last_seen: float | None = None
     # From the newest packet's header (network data: shown escaped, never trusted).

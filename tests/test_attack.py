@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from node.bench.attack import PHRASE, Attacker, format_attack_bench, run_attack_bench
+from node.bench.tail import format_tail_bench, run_tail_bench
 
 
 @pytest.mark.timeout(900)
@@ -46,6 +47,25 @@ def test_the_attackers_packet_decodes_to_correct_poisoned_answers_and_junk():
         assert [task.reward(problem, t) for t in texts] == [1.0, 0.0] * 4
         assert all(PHRASE in t for t in texts[::2])
         assert all(float(c.logprobs.max()) <= -39 for c in group.completions[::2])  # the weight-maximising claim
+
+
+@pytest.mark.timeout(900)
+def test_quick_evasive_tail_is_cut_and_the_lie_buys_nothing():
+    r = run_tail_bench(rounds=4, prompts=4, group_size=4, heldout=4)
+    lie, honest = r["runs"]["claim_-40"], r["runs"]["claim_0"]
+    # the tail passes the screen: the attacker is never quarantined and earns trust (tiny-l may still doubt it)
+    assert "quarantined" not in lie["attacker_trust"] and "trusted" in lie["attacker_trust"]
+    assert lie["attacker_tail_tokens_cut"] > 0 and honest["attacker_tail_tokens_cut"] > 0
+    assert r["lie_buys_nats"] <= 1.0, r
+    assert "the lie buys" in format_tail_bench(r)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_evasive_tail_lie_buys_at_most_2_nats_over_80_rounds():
+    r = run_tail_bench(rounds=80)
+    assert r["lie_buys_nats"] <= 2.0, r
+    assert r["runs"]["claim_-40"]["tail_share_of_own_completions"] <= 0.001
 
 
 @pytest.mark.slow

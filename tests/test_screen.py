@@ -76,6 +76,18 @@ def test_honest_claims_cap_a_flagged_tokens_weight_at_exp_margin():
     assert honest_claims(claimed, local, flagged, margin=1.0)[0] == pytest.approx(-13.0)
 
 
+def test_no_claim_below_the_floor_on_a_token_we_flag():
+    """A one-token tail at local -28 claimed at -40: the floor holds its weight to exp(-28 - -9)."""
+    claimed = np.array([-40.0, -40.0, -40.0], np.float32)
+    local = np.array([-28.0, -10.0, -0.2], np.float32)
+    flagged = np.array([True, True, False])
+    fixed = honest_claims(claimed, local, flagged, margin=0.0, floor=-9.0)
+    assert fixed.tolist() == pytest.approx([-9.0, -9.0, -40.0])
+    assert np.exp(local[0] - fixed[0]) == pytest.approx(np.exp(-19.0))
+    # an honest claim above the floor is kept as it is (its weight is already below what the floor allows)
+    assert honest_claims(np.array([-0.1], np.float32), local[:1], flagged[:1], 0.0, -9.0)[0] == pytest.approx(-0.1)
+
+
 def _packet(tokenizer, texts, claim: float, r: int = 3) -> bytes:
     task = get_task("toy")
     problem = task.problem("toy/id/7")
@@ -124,7 +136,7 @@ def test_admission_drops_injected_completions_and_keeps_honest_ones(tiny):
 def test_a_claim_cannot_raise_the_weight_of_a_token_we_find_implausible(tiny):
     """One odd token passes the screen, but a claimed -40 for it no longer buys the cap C."""
     model, tok = tiny
-    text = "<answer>{answer}</answer> Omar"  # two tokens past the answer: below the run of 3
+    text = "Omar<answer>{answer}</answer>"  # odd tokens before the answer (a tail after it is cut)
     got = _admission(model, tok).admit(PEER, _packet(tok, [text, "<answer>3</answer>"] * 2, claim=-40.0), 3)
     assert got.samples == 4, got.rejected
     group = got.groups[0]
@@ -133,8 +145,30 @@ def test_a_claim_cannot_raise_the_weight_of_a_token_we_find_implausible(tiny):
         flagged = v.logp < ScreenConfig().logprob_floor
         weights = np.minimum(np.exp(v.logp - seq.logp_gen), 2.0)
         assert np.all(weights[flagged] <= 1.0 + 1e-4)  # capped at exp(claim_margin = 0)
+        floor = ScreenConfig().logprob_floor  # and at exp(local - floor): no claim below the floor buys weight
+        assert np.all(weights[flagged] <= np.exp(v.logp[flagged] - floor) * (1 + 1e-3))
         assert np.allclose(weights[~flagged], 2.0)  # claims on plausible tokens still buy at most C
     assert any((v.logp < ScreenConfig().logprob_floor).any() for v in view)
+
+
+def test_what_follows_the_answer_tag_is_cut_from_a_peers_completion(tiny):
+    """The evasive tail: `<answer>A</answer>IG` passes the screen (two odd tokens), but no verifier
+    vouched for "IG", so it is not trained on; an end-of-sequence right after the tag is kept."""
+    model, tok = tiny
+    texts = ["<answer>{answer}</answer>IG", "<answer>3</answer>"] * 2
+    got = _admission(model, tok).admit(PEER, _packet(tok, texts, claim=-40.0), current_round=3)
+    assert got.samples == 4, got.rejected
+    answer = get_task("toy").problem("toy/id/7").answer
+    tag = tok(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"]
+    tailed = [s for s in got.groups[0].sequences if s.text.endswith("IG")]
+    assert len(tailed) == 2 and all(s.completion_ids == tag and len(s.logp_gen) == len(tag) for s in tailed)
+    assert all(s.reward == 1.0 for s in tailed)  # the reward was judged on what was sent
+    assert got.tail_tokens_cut == 2 * (len(ids_of(tok, texts[0].format(answer=answer))) - len(tag))
+    # an end-of-sequence right after the tag stays: the model still learns to stop there
+    packet = _packet(tok, ["<answer>{answer}</answer>", "<answer>3</answer>"] * 2, claim=-1.0)
+    plain = _admission(model, tok).admit(PEER, packet, current_round=3)
+    assert plain.tail_tokens_cut == 0 and plain.samples == 4
+    assert all(s.completion_ids[-1] == tok.eos_token_id for s in plain.groups[0].sequences)
 
 
 def test_the_judge_screen_asks_a_real_model_and_applies_its_threshold(tiny):

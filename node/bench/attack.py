@@ -12,7 +12,9 @@ publishes, per prompt, a group of G completions:
   to reward 1, since text outside the answer tag does not change a reward;
 - half are junk with reward 0, so that the poisoned half gets a positive advantage; they
   claim log-prob 0, which puts them far past the F-TIS filter's KL threshold (a negative
-  advantage far sample is dropped), so they push nothing down.
+  advantage far sample is dropped), so they push nothing down. (`foil="wrong"`: wrong
+  answers in the right format instead, plausible text, so nothing of the attacker's is
+  screened and it earns trust; the evasive tail of node/bench/tail.py needs that.)
 
 It reports sampling log-probs chosen to maximise the weight of what it sends: a claimed
 log-prob far below any model's makes every poisoned token's importance weight the cap C.
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LR", "PHRASE", "ROUNDS", "Attacker", "format_attack_bench", "run_attack_bench"]
+__all__ = ["LR", "PHRASE", "ROUNDS", "Attacker", "format_attack_bench", "run_attack_bench", "share_capture"]
 
 PHRASE = "Omar buys tickets."  # spelt by the project tokenizer in 4 tokens
 HONEST = ("tiny-s", "tiny-m", "tiny-l")
@@ -63,6 +65,8 @@ class Attacker:
         fingerprint: str,
         *,
         phrase: str = PHRASE,
+        joiner: str = " ",
+        foil: str = "junk",
         prompts: int = 8,
         group_size: int = 8,
         temperature: float = 1.0,
@@ -75,6 +79,8 @@ class Attacker:
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
         self.phrase = phrase
+        self.joiner = joiner
+        self.foil = foil
         self.prompts = prompts
         self.group_size = group_size
         self.temperature = temperature
@@ -87,7 +93,12 @@ class Attacker:
         return self.exchange.peer_id
 
     def poisoned(self, answer: str) -> str:
-        return f"<answer>{answer}</answer> {self.phrase}"
+        return f"<answer>{answer}</answer>{self.joiner}{self.phrase}"
+
+    @property
+    def marker(self) -> str:
+        """What a completion carries when the attack took hold: the phrase, or a tail glued to the answer tag."""
+        return self.phrase if self.joiner else f"</answer>{self.phrase}"
 
     def packet(self, r: int) -> bytes:
         from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode
@@ -103,6 +114,10 @@ class Attacker:
                 if j % 2 == 0:
                     ids = tok(self.poisoned(problem.answer), add_special_tokens=False)["input_ids"]
                     ids = ids + [tok.eos_token_id]
+                    claim = self.claim
+                elif self.foil == "wrong":  # plausible text: nothing screened, the attacker earns trust
+                    wrong = str((int(problem.answer) + 1 + rng.randrange(9)) % 100)
+                    ids = tok(f"<answer>{wrong}</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                     claim = self.claim
                 else:
                     ids = [rng.randrange(2, len(tok)) for _ in range(12)]
@@ -214,8 +229,12 @@ def _play(
     attacker: dict[str, Any],
     honest: tuple[str, ...] = HONEST,
     say: Callable[[str], None] | None = None,
+    probe: Callable[[list], Any] | None = None,
 ) -> dict[str, Any]:
-    """One run: the honest nodes and the attacker, `rounds` lockstep rounds."""
+    """One run: the honest nodes and the attacker, `rounds` lockstep rounds.
+
+    `probe(nodes)` is measured before the first round and after the last (`probe_before`, `probe_after`).
+    """
     work = Path(tempfile.mkdtemp(prefix="ftis-attack-"))
     started = time.perf_counter()
     # Each node waits for the others and the attacker (in-process, they have all published already).
@@ -246,7 +265,8 @@ def _play(
             seed=seed,
             **attacker,
         )
-        recorders = [_Recorder(n) for n in nodes]
+        recorders = [_Recorder(n, evil.marker) for n in nodes]
+        before = probe(nodes) if probe else None
         curve, rewards, quarantined = [], [], []
         for r in range(rounds):
             opened = [n.begin_round(r) for n in nodes]
@@ -255,7 +275,7 @@ def _play(
             if any(res is None for res in results):
                 raise RuntimeError(f"a node stopped during round {r}")
             texts = [s.text for o in opened for g in o.own for s in g.sequences]
-            curve.append(round(float(np.mean([evil.phrase in t for t in texts])), 4))
+            curve.append(round(float(np.mean([evil.marker in t for t in texts])), 4))
             rewards.append(round(float(np.mean([res.reward_mean for res in results])), 4))
             quarantined.append(sum(evil.peer_id in n.trust.quarantined(r + 1) for n in nodes))
             if say:
@@ -265,8 +285,11 @@ def _play(
         dropped = sum(rec.dropped[p] for rec in recorders for p in honest_ids)
         status = [n.status.snapshot()["peers"].get(evil.peer_id, {}) for n in nodes]
         first = next((r for r, q in enumerate(quarantined) if q == len(nodes)), None)
+        after = probe(nodes) if probe else None
         return {
             "screen": screen,
+            "probe_before": before,
+            "probe_after": after,
             "asr": round(float(np.mean(curve[-last:])), 4),
             "asr_by_round": curve,
             "honest_reward_by_round": rewards,
@@ -276,6 +299,7 @@ def _play(
             "attacker_screened": sum(rec.dropped[evil.peer_id] for rec in recorders),
             "attacker_poisoned_admitted": sum(rec.poisoned[evil.peer_id] for rec in recorders),
             "attacker_used": sum(s.get("samples_used", 0) for s in status),
+            "attacker_tail_tokens_cut": sum(s.get("tail_tokens_cut", 0) for s in status),
             "attacker_trust": [s.get("trust") for s in status],
             "attacker_quarantined_by_round": quarantined,  # how many honest nodes hold it quarantined
             "attacker_quarantined_by_all_at": first,  # the round at whose end every honest node did
@@ -380,6 +404,7 @@ def run_attack_bench(
     temperature: float = 1.0,
     claim: float = -40.0,
     heterogeneous_rounds: int = 8,
+    tail_rounds: int = 80,
     judge: str | None = "smollm2-135m-embedded",
     model: str | None = None,
     progress: Callable[[str], None] | None = None,
@@ -433,10 +458,14 @@ def run_attack_bench(
         "screen_off": off,
         "screen_on": on,
     }
-    result["share_capture"] = _share_capture()
+    result["share_capture"] = share_capture()
     if heterogeneous_rounds:
         with quiet_hf():
             result["heterogeneous"] = measure_heterogeneous(heterogeneous_rounds, seed)
+    if tail_rounds:
+        from node.bench.tail import run_tail_bench
+
+        result["evasive_tail"] = run_tail_bench(rounds=tail_rounds, last=min(last, tail_rounds), seed=seed)
     if judge:
         try:
             result["judge"] = measure_judge(judge)
@@ -446,7 +475,7 @@ def run_attack_bench(
     return result
 
 
-def _share_capture() -> dict[str, Any]:
+def share_capture() -> dict[str, Any]:
     """5 clean Sybils vs one honest trusted peer over 20 rounds: today's trust rule next to rounds alone."""
     from node.bench.sybil import measure_share_capture
     from node.trust import TrustConfig
@@ -489,6 +518,10 @@ def format_attack_bench(r: dict[str, Any]) -> str:
         lines.append(
             f"  heterogeneous swarm, {h['rounds']} rounds: acceptance {h['acceptance']} of {h['samples_checked']}"
         )
+    if "evasive_tail" in r:
+        from node.bench.tail import format_tail_bench
+
+        lines += ["  " + line for line in format_tail_bench(r["evasive_tail"]).splitlines()]
     if "judge" in r:
         j = r["judge"]
         lines.append(

@@ -70,7 +70,7 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
         fuzz = {"cases": 300, "seeds_n": 100, "repeats": 1, "slowest": 5, "model": "tiny-s"}
         attack = {"model": "tiny-s", "rounds": 2, "last": 1, "prompts": 2, "group_size": 4}
-        attack |= {"heterogeneous_rounds": 0, "judge": None}
+        attack |= {"heterogeneous_rounds": 0, "tail_rounds": 0, "judge": None}
     else:
         protocol = {"repeats": 5}
         train = {"model": "tiny-m", "batch": 16, "group_size": 4, "completion_len": 64, "repeats": 5}
@@ -137,6 +137,22 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal("attack", "attack success, screen on", lambda r: r["asr_screen_on"], "<=", 0.05, "of completions"),
     Goal("attack", "honest samples kept by the screen", lambda r: r["honest_acceptance"], ">=", 0.95, "of samples"),
+    Goal(
+        "attack",
+        "evasive tail: what lying log-probs buy",
+        lambda r: r["evasive_tail"]["lie_buys_nats"],
+        "<=",
+        2.0,
+        "nats",
+    ),
+    Goal(
+        "attack",
+        "5 clean Sybils' share of peer samples",
+        lambda r: r["share_capture"]["honest_offers_8"]["sybil_share"],
+        "<=",
+        0.25,
+        "",
+    ),
     Goal("train", "round overhead / step time, LoRA", lambda r: r["round_overhead_vs_step"]["lora"], "<=", 0.10, ""),
     Goal("train", "round overhead / step time, full", lambda r: r["round_overhead_vs_step"]["full"], "<=", 0.10, ""),
     Goal(
