@@ -194,6 +194,7 @@ def estimate(
     else:
         activations = micro_batch_tokens * shape.layers * per_token
     head = 5 * min(LOGIT_CHUNK_ELEMENTS, micro_batch_tokens * shape.vocab) * 4  # scores, exp, their gradients
+    head += min(micro_batch_tokens, shape.hidden) * shape.vocab * 4  # softmax kept for the backward pass
     kv_cache = generate_sequences * sequence_tokens * shape.layers * 2 * shape.kv_dim * width
     step_scores = 4 * generate_sequences * shape.vocab * 4
     parts = {

@@ -25,10 +25,13 @@ from tests.test_trainer import make_batch
 SAMPLINGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.8, 5, 1.0), (1.2, 0, 0.9), (0.7, 20, 0.8)]
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A few positions per chunk (tiny-s has 512 ids), so a batch always takes several."""
+@pytest.fixture(autouse=True, params=["kept", "rebuilt", "both"])
+def small_chunks(monkeypatch: pytest.MonkeyPatch, request) -> None:
+    """A few positions per chunk (tiny-s has 512 ids), so a batch always takes several; each
+    chunk's softmax kept for the backward pass, rebuilt there, or the first chunks kept."""
     monkeypatch.setattr(logprobs_module, "LOGIT_CHUNK_ELEMENTS", 512 * 7)
+    keep = {"kept": 10**9, "rebuilt": 0, "both": 14}[request.param]
+    monkeypatch.setattr(logprobs_module, "KEEP_SCORES_POSITIONS", keep)
 
 
 @pytest.fixture(scope="module")

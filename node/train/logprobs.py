@@ -15,9 +15,12 @@ instead of -inf, which would otherwise turn the importance ratio into NaN.
 Memory: a [tokens, vocabulary] logits tensor is the largest thing a step makes (4,096
 tokens x 151,936 ids x 4 B = 2.5 GB for Qwen2.5). `sequence_logprobs` therefore runs the
 model's body once, then the output head over a chunk of positions at a time: the chosen
-token's score minus the logsumexp of its row. Under autograd each chunk is checkpointed,
-so its logits are recomputed in the backward pass instead of kept: no [tokens, vocab]
-tensor outlives its chunk, forward or backward.
+token's score minus the logsumexp of its row. Under autograd a chunk's softmax is kept
+for the backward pass only while the kept ones together stay within one copy of the head
+(`KEEP_SCORES_POSITIONS`, the head's width by default: 896 positions for Qwen2.5-0.5B); past
+that, a chunk's scores are rebuilt in the backward pass (one head matmul more) instead of
+kept. A micro-batch of a few hundred tokens keeps them all and pays no rebuild; a large one
+holds at most that, never a [tokens, vocab] tensor.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "KEEP_SCORES_POSITIONS",
     "LOGIT_CHUNK_ELEMENTS",
     "completion_views",
     "sampling_logprobs",
@@ -41,6 +45,10 @@ __all__ = [
 #: Scores held at once by the chunked path: positions per chunk = this // vocabulary
 #: (85 for SmolLM2's 49,152 ids, 27 for Qwen2.5's 151,936): 16 MB of fp32 a tensor.
 LOGIT_CHUNK_ELEMENTS = 2**22
+
+#: Positions per pass whose softmax is kept for the backward pass (None: the head's width, so
+#: the kept scores never outweigh the head itself); the rest are rebuilt there.
+KEEP_SCORES_POSITIONS: int | None = None
 
 # Causal LMs whose logits are exactly `lm_head(body(...).last_hidden_state)`, with no
 # scaling or soft-capping after the head; any other model takes the one-pass path.
@@ -171,10 +179,10 @@ def _masked_scores(
 
 
 class _ChosenLogprob(torch.autograd.Function):
-    """`_chunk_scores` for a bias-free linear head, with its gradient written out: the backward
-    pass rebuilds the chunk's scores from the saved hidden states and logsumexp, then
-    d logp / d scores = onehot(target) - softmax. Same numbers as checkpointing the chunk,
-    with fewer passes over the [chunk, vocab] scores."""
+    """`_chunk_scores` for a bias-free linear head, with its gradient written out:
+    d logp / d scores = onehot(target) - softmax. `keep` saves the chunk's softmax for the
+    backward pass; otherwise it is rebuilt there from the saved hidden states and logsumexp.
+    Same numbers as checkpointing the chunk, with fewer passes over the [chunk, vocab] scores."""
 
     @staticmethod
     def forward(
@@ -185,25 +193,31 @@ class _ChosenLogprob(torch.autograd.Function):
         temperature: float,
         top_k: int,
         top_p: float,
+        keep: bool,
     ) -> torch.Tensor:
         scores = _masked_scores(hidden, weight, targets, temperature, top_k, top_p)
         lse = scores.logsumexp(dim=-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.sampling = (temperature, top_k, top_p)
-        return scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        chosen = scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        kept = scores.sub_(lse.unsqueeze(-1)).exp_() if keep else lse
+        ctx.save_for_backward(hidden, weight, targets, kept)
+        ctx.sampling, ctx.keep = (temperature, top_k, top_p), keep
+        return chosen
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, kept = ctx.saved_tensors
         temperature = ctx.sampling[0]
         with torch.no_grad():
-            probs = _masked_scores(hidden, weight, targets, *ctx.sampling).sub_(lse.unsqueeze(-1)).exp_()
+            if ctx.keep:
+                probs = kept.clone()  # the saved tensor stays as autograd saved it
+            else:
+                probs = _masked_scores(hidden, weight, targets, *ctx.sampling).sub_(kept.unsqueeze(-1)).exp_()
             d_scores = probs.mul_(-grad.unsqueeze(-1))  # masked ids: exp(-inf) = 0, no gradient
             d_scores.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
             d_logits = d_scores.div_(temperature).to(hidden.dtype)
             d_hidden = d_logits @ weight if ctx.needs_input_grad[0] else None
             d_weight = d_logits.t() @ hidden if ctx.needs_input_grad[1] else None
-        return d_hidden, d_weight, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None
 
 
 def _chunked(
@@ -233,11 +247,15 @@ def _chunked(
     step = max(1, LOGIT_CHUNK_ELEMENTS // max(vocab, 1))
     backward = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
     plain_head = type(head) is torch.nn.Linear and head.bias is None
+    keep_positions = KEEP_SCORES_POSITIONS
+    if keep_positions is None:
+        keep_positions = int(weight.shape[1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     parts, ranks = [], []
     for start in range(0, h.shape[0], step):
         hc, tc = h[start : start + step], targets[start : start + step]
-        if backward and plain_head:  # this chunk's scores are rebuilt in the backward pass, not kept
-            parts.append(_ChosenLogprob.apply(hc, head.weight, tc, *sampling))
+        if backward and plain_head:
+            keep = start + hc.shape[0] <= keep_positions  # else rebuilt in the backward pass
+            parts.append(_ChosenLogprob.apply(hc, head.weight, tc, *sampling, keep))
             continue
         if backward:  # another kind of head (a LoRA on lm_head, a bias): checkpoint the chunk
             parts.append(checkpoint(_chunk_scores, hc, head, tc, *sampling, use_reentrant=False))
