@@ -214,6 +214,7 @@ def bench_attack(
     lr: float = typer.Option(ATTACK_LR, help="Learning rate of the honest (full fine-tuning) nodes."),
     heterogeneous_rounds: int = typer.Option(8, min=0, help="Rounds of the false-positive check (0: skip)."),
     tail_rounds: int = typer.Option(80, min=0, help="Rounds of each evasive-tail run (0: skip)."),
+    free_identity_rounds: int = typer.Option(20, min=0, help="Rounds of the relay race and of tiny junk (0: skip)."),
     judge: str = typer.Option("smollm2-135m-embedded", help="Judge model whose cost is measured ('' to skip)."),
 ) -> None:
     """The HTTT poisoning attack on 3 honest nodes, with the screen off and on (docs/security.md)."""
@@ -227,6 +228,7 @@ def bench_attack(
         lr=lr,
         heterogeneous_rounds=heterogeneous_rounds,
         tail_rounds=tail_rounds,
+        free_identity_rounds=free_identity_rounds,
         judge=judge or None,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
@@ -275,7 +277,9 @@ def bench_learn(
 
 @bench_app.command("swarm-gain")
 def bench_swarm_gain(
-    preset: str = typer.Option("short", help="short (2 nodes, about an hour on 2 cores), full, or tiny (a test's)."),
+    preset: str = typer.Option(
+        "short", help="short (2 nodes, 6 runs, 3.5 h on 2 cores), full, toy, or tiny (a test's)."
+    ),
     work: Path = typer.Option(Path("runs/swarm-gain"), help="Each finished run is saved here; a rerun resumes."),
     out: Path = typer.Option(Path("docs"), help="Where swarm-gain.json, .md and .png go."),
     model: str | None = typer.Option(None, help=shown_default("Model of every node.", "the preset's")),

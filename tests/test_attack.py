@@ -12,12 +12,22 @@ from __future__ import annotations
 import pytest
 
 from node.bench.attack import PHRASE, Attacker, format_attack_bench, run_attack_bench
+from node.bench.free_ids import format_free_identities, run_free_identities_bench
 from node.bench.tail import format_tail_bench, run_tail_bench
 
 
 @pytest.mark.timeout(900)
 def test_quick_attack_mechanics():
-    r = run_attack_bench(rounds=3, prompts=2, group_size=4, heterogeneous_rounds=0, judge=None, model="tiny-s")
+    r = run_attack_bench(
+        rounds=3,
+        prompts=2,
+        group_size=4,
+        heterogeneous_rounds=0,
+        tail_rounds=0,
+        free_identity_rounds=0,
+        judge=None,
+        model="tiny-s",
+    )
     off, on = r["screen_off"], r["screen_on"]
     # unscreened: the poison gets in (round 2, once the attacker is off probation) and is trained on
     assert off["attacker_poisoned_admitted"] > 0 and off["attacker_used"] > 0
@@ -60,6 +70,19 @@ def test_quick_evasive_tail_is_cut_and_the_lie_buys_nothing():
     assert "the lie buys" in format_tail_bench(r)
 
 
+@pytest.mark.timeout(900)
+def test_free_identities_over_real_dhts_never_take_the_honest_delivery():
+    """Real DHT peers: 2 relayers race the honest copy, 6 junk keys outnumber 4 fetch slots,
+    then the daemon quarantines them all; the honest peer is delivered and admitted every time."""
+    r = run_free_identities_bench(rounds=2, relayers=2, junk=6, daemon_rounds=3)
+    assert r["relay_race"]["delivered"] == 2 and r["relay_race"]["relayed_rejections"] == 4
+    assert r["tiny_junk"]["delivered"] == 2 and r["tiny_junk"]["junk_rejections"] > 0
+    d = r["through_the_daemon"]
+    assert d["honest_admitted_share"] == 1.0 and d["attackers_quarantined"] == 8
+    assert d["all_quarantined_after_rounds"] <= 2
+    assert "relay race, 2 relayers" in format_free_identities(r)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_the_evasive_tail_lie_buys_at_most_2_nats_over_80_rounds():
@@ -71,7 +94,7 @@ def test_the_evasive_tail_lie_buys_at_most_2_nats_over_80_rounds():
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_the_attack_works_unscreened_and_the_screen_stops_it():
-    r = run_attack_bench(heterogeneous_rounds=8, judge=None)
+    r = run_attack_bench(heterogeneous_rounds=8, tail_rounds=0, free_identity_rounds=0, judge=None)
     assert r["asr_screen_off"] >= 0.5, r["screen_off"]["asr_by_round"]
     assert r["asr_screen_on"] <= 0.05, r["screen_on"]["asr_by_round"]
     assert r["honest_acceptance"] >= 0.95
@@ -82,7 +105,15 @@ def test_the_attack_works_unscreened_and_the_screen_stops_it():
 @pytest.mark.timeout(1800)
 def test_the_attack_runs_over_real_dhts():
     r = run_attack_bench(
-        rounds=3, prompts=2, group_size=4, heterogeneous_rounds=0, judge=None, model="tiny-s", dht=True
+        rounds=3,
+        prompts=2,
+        group_size=4,
+        heterogeneous_rounds=0,
+        tail_rounds=0,
+        free_identity_rounds=0,
+        judge=None,
+        model="tiny-s",
+        dht=True,
     )
     assert r["transport"] == "dht"
     assert r["screen_off"]["attacker_poisoned_admitted"] > 0

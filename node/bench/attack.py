@@ -405,6 +405,7 @@ def run_attack_bench(
     claim: float = -40.0,
     heterogeneous_rounds: int = 8,
     tail_rounds: int = 80,
+    free_identity_rounds: int = 20,
     judge: str | None = "smollm2-135m-embedded",
     model: str | None = None,
     progress: Callable[[str], None] | None = None,
@@ -466,6 +467,10 @@ def run_attack_bench(
         from node.bench.tail import run_tail_bench
 
         result["evasive_tail"] = run_tail_bench(rounds=tail_rounds, last=min(last, tail_rounds), seed=seed)
+    if free_identity_rounds:
+        from node.bench.free_ids import run_free_identities_bench
+
+        result["free_identities"] = run_free_identities_bench(rounds=free_identity_rounds)
     if judge:
         try:
             result["judge"] = measure_judge(judge)
@@ -522,6 +527,10 @@ def format_attack_bench(r: dict[str, Any]) -> str:
         from node.bench.tail import format_tail_bench
 
         lines += ["  " + line for line in format_tail_bench(r["evasive_tail"]).splitlines()]
+    if "free_identities" in r:
+        from node.bench.free_ids import format_free_identities
+
+        lines += ["  " + line for line in format_free_identities(r["free_identities"]).splitlines()]
     if "judge" in r:
         j = r["judge"]
         lines.append(

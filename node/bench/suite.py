@@ -70,7 +70,7 @@ def default_specs(quick: bool = False) -> list[BenchSpec]:
         engines = {"models": ["tiny-s"], "prompts": 2, "max_tokens": 4, "repeats": 1}
         fuzz = {"cases": 300, "seeds_n": 100, "repeats": 1, "slowest": 5, "model": "tiny-s"}
         attack = {"model": "tiny-s", "rounds": 2, "last": 1, "prompts": 2, "group_size": 4}
-        attack |= {"heterogeneous_rounds": 0, "tail_rounds": 0, "judge": None}
+        attack |= {"heterogeneous_rounds": 0, "tail_rounds": 0, "free_identity_rounds": 0, "judge": None}
     else:
         protocol = {"repeats": 5}
         train = {"model": "tiny-m", "batch": 16, "group_size": 4, "completion_len": 64, "repeats": 5}
