@@ -87,7 +87,7 @@ def test_export_adapter_and_merged_load_in_a_fresh_process(tmp_path):
     assert adapter_config["base_model_name_or_path"] == "base"  # relative, not this machine's cache
     assert (out / "base" / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
     card = (out / "README.md").read_text()
-    assert "rounds trained | 2" in card and "| loss | f-tis |" in card and "| swarm |" in card
+    assert "| trained | 2 rounds, " in card and "| loss | f-tis |" in card and "| swarm |" in card
     got = _load_elsewhere(out, "adapter")
     assert got["same"] and torch.allclose(torch.tensor(got["logits"]), want, atol=1e-4)
 
