@@ -10,10 +10,11 @@ runs on own samples only and does not wait for buckets.
 
 Weights reach the engine every round without touching the disk where the engine allows
 it (the hf engine copies the trainer's tensors in place; vLLM reads a weights-only
-folder). A durable checkpoint (weights, optimizer, RNG, hashes) is written every
-`checkpoint_every` rounds and at stop, so a crash loses at most that many rounds; a
-resume says how many it lost. A round's checkpoint is written in a background thread
-from a snapshot of the state, while the next round runs.
+folder). A durable checkpoint (weights, optimizer, RNG, hashes) is written after the first
+trained round (so a young node can be exported), every `checkpoint_every` rounds and at
+stop, so a crash loses at most that many rounds; a resume says how many it lost. A round's
+checkpoint is written in a background thread from a snapshot of the state, while the next
+round runs.
 
 Stopping: SIGINT/SIGTERM set a flag that the loop reads between phases, so a step in
 progress is finished or abandoned cleanly; a final checkpoint is written if anything
@@ -90,6 +91,7 @@ class Node:
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
         self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
+        self._has_checkpoint = False  # none yet: the first trained round writes one, so export works at once
         self.checkpoints = None  # the CheckpointWriter: round checkpoints are written in the background
 
     # ------------------------------------------------------------------ set-up
@@ -190,6 +192,7 @@ class Node:
             self._say_started_fresh()
             return
         self._load_engine_weights()
+        self._has_checkpoint = True
         self.round_done = ckpt.round
         after = [r for r in self._rounds_played() if r > ckpt.round]
         lost = (
@@ -411,7 +414,7 @@ class Node:
         # The previous round's checkpoint was written while this round ran; it is on disk before
         # this round is recorded as played, so a crash still loses at most checkpoint_every rounds.
         self.checkpoints.wait()
-        if self._dirty and self._rounds_unsaved >= self.cfg.checkpoint_every:
+        if self._dirty and (self._rounds_unsaved >= self.cfg.checkpoint_every or not self._has_checkpoint):
             self.status.set_phase("checkpointing", r)
             self.checkpoint(r, background=True)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
@@ -687,6 +690,7 @@ class Node:
         self.round_done = r
         self._dirty = False
         self._rounds_unsaved = 0
+        self._has_checkpoint = True
 
     def _load_engine_weights(self) -> None:
         """Give the engine the trainer's current weights: in memory where the engine can take

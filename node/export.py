@@ -66,7 +66,7 @@ def _base_for_others(model: str) -> tuple[str, Path | None]:
 def _rounds_at(history: list[dict[str, Any]], round_id: int) -> str:
     """Rounds the node had played when it wrote the checkpoint of `round_id` (a time bucket, not a count)."""
     played = next((h.get("round_in_run") for h in history if h.get("round") == round_id), None)
-    return str(played) if played is not None else "?"
+    return "? rounds" if played is None else f"{played} round{'' if played == 1 else 's'}"
 
 
 def _card(status: dict[str, Any], meta: Any, base_id: str, merged: bool, mode: str) -> str:
@@ -93,7 +93,7 @@ def _card(status: dict[str, Any], meta: Any, base_id: str, merged: bool, mode: s
         f"| swarm | {status.get('swarm_id') or '–'} (peer {status.get('peer_id') or '–'}, {len(peers)} peers seen) |",
         f"| task | {status.get('task', meta.extra.get('task', '?'))} |",
         f"| loss | {status.get('loss', '?')} |",
-        f"| trained | {_rounds_at(history, meta.round)} rounds, {meta.step} optimizer steps (checkpoint of round "
+        f"| trained | {_rounds_at(history, meta.round)}, {meta.step} optimizer steps (checkpoint of round "
         f"{meta.round}) |",
         f"| reward, first / last round | {_fmt(rewards[0] if rewards else None)} / "
         f"{_fmt(rewards[-1] if rewards else None)} |",

@@ -101,3 +101,38 @@ def test_export_adapter_and_merged_load_in_a_fresh_process(tmp_path):
     assert again.exit_code == 2 and "not empty" in again.output
     nothing = runner.invoke(app, ["export", str(tmp_path / "none"), str(tmp_path / "x")])
     assert nothing.exit_code == 2 and "no checkpoints" in nothing.output
+
+
+@pytest.mark.timeout(600)
+def test_a_running_node_can_be_exported_after_its_first_round(tmp_path):
+    """The first trained round writes a checkpoint whatever --checkpoint-every says, so a node
+    is exportable while it runs; the card counts the rounds it had played, not the round's id."""
+    cfg = NodeConfig(
+        name="young",
+        data_dir=tmp_path / "node",
+        model="tiny-s",
+        rounds=2,
+        prompts_per_round=8,
+        group_size=8,
+        max_tokens=16,
+        lr=1e-2,
+        seed=0,
+        threads=1,
+        api_port=None,
+        checkpoint_every=10,
+    )
+    seen, exported = [], []
+
+    def export_while_running(result) -> None:
+        seen.append(result)
+        if len(seen) == 2:  # the 1st round's checkpoint is on disk before the 2nd is recorded
+            out = tmp_path / "adapter"
+            done = CliRunner().invoke(app, ["export", str(tmp_path / "node"), str(out)])
+            exported.append((done.exit_code, done.output, out))
+
+    Node(cfg, use_swarm=False, on_round=export_while_running).setup().run()
+    assert seen[0].metrics["groups_with_signal"] > 0, "round 1 trained nothing: no checkpoint was due"
+    code, output, out = exported[0]
+    assert code == 0, output
+    assert "| trained | 1 round, " in (out / "README.md").read_text()
+    assert _load_elsewhere(out, "adapter")["same"]

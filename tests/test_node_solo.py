@@ -137,6 +137,6 @@ def test_engine_gets_every_rounds_weights_and_checkpoints_follow_the_cadence(tmp
     assert all(t == e for t, e in seen), "the engine lagged behind the trainer"
     assert all(r.metrics["mean_abs_delta"] < 1e-4 for r in results)  # and it samples with them
     ckpts = tmp_path / "solo" / "checkpoints"
-    # After rounds 2 and 5 (every 3), and at stop after round 6; keep 3.
-    assert sorted(p.name for p in ckpts.glob("round-*")) == ["round-00000002", "round-00000005", "round-00000006"]
+    # After the first round (so a young node can be exported), then every 3: 0, 3, 6 (6 is also the stop's).
+    assert sorted(p.name for p in ckpts.glob("round-*")) == ["round-00000000", "round-00000003", "round-00000006"]
     assert not (tmp_path / "solo" / "engine-weights").exists()  # the hf engine took them from memory

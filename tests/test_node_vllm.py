@@ -50,4 +50,4 @@ def test_solo_rounds_with_vllm(tiny_model_dir: Path, tmp_path: Path, mode: str) 
     folder = tmp_path / "v" / "engine-weights"
     assert (folder / ("adapter_config.json" if mode == "lora" else "config.json")).is_file()
     rounds = sorted(p.name for p in (tmp_path / "v" / "checkpoints").glob("round-*"))
-    assert rounds == ["round-00000001", "round-00000002"]  # after 2 rounds, and at stop
+    assert rounds == ["round-00000000", "round-00000002"]  # after the first round, then 2 rounds later
