@@ -170,7 +170,8 @@ def progress_line(s: dict[str, Any]) -> str:
 
 
 def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> Group:
-    """The whole view; below `width` 110 columns it stacks the summary and drops the detail columns."""
+    """The whole view; below `width` 110 columns it stacks the summary; the peers table gives up
+    detail columns until it fits `width` (`PEER_DROP_ORDER`), so no header is ever cut short."""
     s, history = view["status"], view["history"]
     wide = width >= 110
     now = s.get("server_time") or time.time()
@@ -195,7 +196,7 @@ def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> 
         parts.append(Text(f"unreachable: {safe(error, 300)} (showing the last answer; retrying)", style="bold red"))
     parts.append(_summary(s, history, wide))
     if s.get("peers"):
-        parts.append(_peers_table(s, now, wide))
+        parts.append(_peers_table(s, now, width))
     swarm = (view.get("swarm") or {}).get("peers") or []
     if swarm:
         parts.append(_swarm_table(s, swarm, view.get("swarm", {}).get("source"), now))
@@ -254,37 +255,50 @@ def _summary(s: dict[str, Any], history: list[dict[str, Any]], wide: bool) -> Ta
 
 # Columns of the peers table; those marked False are left out on a narrow terminal.
 PEER_COLUMNS = (
-    ("peer", "left", True),
-    ("model", "left", True),
-    ("adapter", "left", False),
-    ("trust", "left", True),
-    ("last round", "right", False),
-    ("last seen", "right", True),
-    ("admitted", "right", True),
-    ("used", "right", True),
-    ("reward", "right", True),
-    ("IS w", "right", False),
-    ("capped", "right", False),
-    ("ESS", "right", False),
-    ("filtered", "right", False),
-    ("rejected / screened", "left", True),
+    ("peer", "left"),
+    ("model", "left"),
+    ("adapter", "left"),
+    ("trust", "left"),
+    ("last round", "right"),
+    ("last seen", "right"),
+    ("admitted", "right"),
+    ("used", "right"),
+    ("reward", "right"),
+    ("IS w", "right"),
+    ("capped", "right"),
+    ("ESS", "right"),
+    ("filtered", "right"),
+    ("rejected / screened", "left"),
 )
+#: Columns given up, first to last, until the table fits the terminal: never a header cut short.
+PEER_DROP_ORDER = ("adapter", "filtered", "ESS", "capped", "last round", "IS w", "used", "last seen")
+_WRAPPING = ("trust", "rejected / screened")  # columns whose cells wrap at spaces (never their header)
 
 
-def _peers_table(s: dict[str, Any], now: float, wide: bool) -> Table:
-    table = Table(
-        title="peers",
-        title_justify="left",
-        expand=False,
-        header_style="dim",
-        box=box.HEAVY_HEAD if wide else box.SIMPLE,
-    )
+def _fit_columns(rows: list[tuple[Text, ...]], width: int, keep: list[bool]) -> list[bool]:
+    """Drop columns in PEER_DROP_ORDER until each shown one fits its header and its cells (a
+    wrapping column its longest word) in `width`, three cells of padding and border a column."""
+    names = [name for name, _ in PEER_COLUMNS]
+
+    def need(i: int) -> int:
+        if names[i] in _WRAPPING:
+            cells = [Text(word).cell_len for r in rows for word in r[i].plain.split()]
+        else:
+            cells = [r[i].cell_len for r in rows]
+        return max([Text(names[i]).cell_len, *cells]) + 3
+
+    keep = list(keep)
+    for name in PEER_DROP_ORDER:
+        if sum(need(i) for i, k in enumerate(keep) if k) + 1 <= width:
+            break
+        keep[names.index(name)] = False
+    return keep
+
+
+def _peers_table(s: dict[str, Any], now: float, width: int) -> Table:
     any_trust = any(p.get("trust") for p in (s.get("peers") or {}).values())
-    keep = [(wide or narrow) and (name != "trust" or any_trust) for name, _, narrow in PEER_COLUMNS]
-    for (name, justify, _), shown in zip(PEER_COLUMNS, keep):
-        if shown:
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
     peers = sorted((s.get("peers") or {}).values(), key=lambda p: (-(p.get("samples_admitted") or 0), p["peer_id"]))
+    rows = []
     for p in peers:
         o = p.get("offpolicy") or {}
         reasons = [f"{safe(k)}×{v}" for k, v in (p.get("rejected") or {}).items()]
@@ -293,22 +307,37 @@ def _peers_table(s: dict[str, Any], now: float, wide: bool) -> Table:
         until = p.get("quarantined_until")
         if isinstance(until, (int, float)) and not isinstance(until, bool):
             trust += time.strftime(" until %H:%M:%S", time.localtime(until)) if until > 1e9 else f" until round {until}"
-        row = (
-            Text(short_id(p["peer_id"])),
-            Text(safe(p.get("model"), 40) or "–"),
-            Text(safe(p.get("adapter_version"))[:10] or "–"),
-            Text(trust, style="red" if trust.startswith("quarantined") else ""),
-            _behind(p.get("last_round"), s.get("round")),
-            _ago(p.get("last_seen"), now),
-            str(p.get("samples_admitted", 0)),
-            str(p.get("samples_used", 0)),
-            _num(p.get("reward_mean")),
-            _num(o.get("is_weight_mean")),
-            _num(o.get("frac_capped")),
-            _num(o.get("ess")),
-            _num(o.get("frac_filtered")),
-            Text(", ".join(reasons) or "–", style="red" if reasons else ""),
+        rows.append(
+            (
+                Text(short_id(p["peer_id"])),
+                Text(safe(p.get("model"), 40) or "–"),
+                Text(safe(p.get("adapter_version"))[:10] or "–"),
+                Text(trust, style="red" if trust.startswith("quarantined") else ""),
+                Text(_behind(p.get("last_round"), s.get("round"))),
+                Text(_ago(p.get("last_seen"), now)),
+                Text(str(p.get("samples_admitted", 0))),
+                Text(str(p.get("samples_used", 0))),
+                Text(_num(p.get("reward_mean"))),
+                Text(_num(o.get("is_weight_mean"))),
+                Text(_num(o.get("frac_capped"))),
+                Text(_num(o.get("ess"))),
+                Text(_num(o.get("frac_filtered"))),
+                Text(", ".join(reasons) or "–", style="red" if reasons else ""),
+            )
         )
+    keep = _fit_columns(rows, width, [name != "trust" or any_trust for name, _ in PEER_COLUMNS])
+    table = Table(title="peers", title_justify="left", expand=False, header_style="dim", box=box.SIMPLE)
+    for (name, justify), shown in zip(PEER_COLUMNS, keep):
+        if shown:
+            wraps = name in _WRAPPING
+            table.add_column(
+                name,
+                justify=justify,  # type: ignore[arg-type]
+                min_width=len(name),
+                no_wrap=not wraps,
+                overflow="fold" if wraps else "ellipsis",
+            )
+    for row in rows:
         table.add_row(*[cell for cell, shown in zip(row, keep) if shown])
     return table
 
@@ -325,7 +354,7 @@ def _swarm_table(s: dict[str, Any], peers: list[dict[str, Any]], source: Any, no
     title = "swarm (DHT records)" if source == "dht" else "swarm (peers heard from)"
     table = Table(title=title, title_justify="left", header_style="dim")
     for name in ("peer", "model", "adapter", "last round", "packet", "last seen"):
-        table.add_column(name)
+        table.add_column(name, min_width=len(name), no_wrap=name != "model")
     for p in sorted(peers, key=lambda q: str(q.get("peer_id"))):
         mark = " (this node)" if p.get("peer_id") == s.get("peer_id") else ""
         table.add_row(

@@ -166,3 +166,27 @@ def test_status_of_a_data_dir_whose_node_was_killed_says_stopped(tmp_path):
     assert as_json["phase"] == "stopped" and as_json["running"] is False
     missing = cli(str(tmp_path / "nothing" / "status.json"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 140, 160, 200])
+def test_status_lays_out_from_80_to_200_columns_without_cutting_a_header(width):
+    from rich.console import Console
+
+    from node.status_view import PEER_COLUMNS, render
+
+    status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=3).snapshot()
+    status["peers"][PEER_L] |= {"trust": "quarantined", "quarantined_until": 1234, "screened": {"implausible": 7}}
+    swarm = {"source": "dht", "peers": [{"peer_id": PEER_M, "model": "tiny-m", "round": 1002, "size": 2048}]}
+    console = Console(record=True, width=width, color_system=None)
+    console.print(render({"url": "http://x", "status": status, "history": [], "swarm": swarm}, width=width))
+    lines = console.export_text().splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    header = next(line for line in lines if line.split()[:2] == ["peer", "model"] and "admitted" in line)
+    shown = [name for name, _ in PEER_COLUMNS if f" {name} " in f" {header} "]
+    assert "…" not in header and {"peer", "model", "trust", "admitted", "rejected / screened"} <= set(shown)
+    # what is left out at this width is a whole column, never part of a header
+    assert " ".join(shown) == " ".join(header.split()), header
+    swarm_header = next(line for line in lines if line.lstrip("┃│ ").startswith("peer") and "packet" in line)
+    assert "…" not in swarm_header and "last seen" in swarm_header
+    if width >= 200:
+        assert len(shown) == len(PEER_COLUMNS)
