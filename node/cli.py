@@ -666,6 +666,7 @@ def demo(
         )
     except ValueError as err:
         _fail(str(err))
+    _quiet_libraries()  # building the models would print transformers' bars under the spinner
     summary = runner.run()
     if runner.failure is not None:
         _fail(f"{runner.failure}; logs in {runner.workdir}", code=1)

@@ -140,3 +140,24 @@ def test_engine_gets_every_rounds_weights_and_checkpoints_follow_the_cadence(tmp
     # After the first round (so a young node can be exported), then every 3: 0, 3, 6 (6 is also the stop's).
     assert sorted(p.name for p in ckpts.glob("round-*")) == ["round-00000000", "round-00000003", "round-00000006"]
     assert not (tmp_path / "solo" / "engine-weights").exists()  # the hf engine took them from memory
+
+
+def test_a_first_run_prints_no_third_party_progress_bars(tmp_path):
+    """A fresh cache builds the model under our spinner: transformers' and the hub's bars
+    ("Writing model shards", "Loading weights") would print inside it, so they are off."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"FTIS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    args = ["train", "--model", "tiny-s", "--rounds", "1", "--prompts-per-round", "2", "--group-size", "4"]
+    args += ["--max-tokens", "8", "--threads", "1", "--data-dir", str(tmp_path / "node")]
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert any((tmp_path / "cache" / "models").iterdir()), "the model was not built in the fresh cache"
+    out = done.stdout + done.stderr
+    for bar in ("Writing model shards", "Loading weights", "it/s]"):
+        assert bar not in out, out[-2000:]
+    assert "round 1/1" in done.stdout
