@@ -6,7 +6,7 @@ task id and model name are HTML markup. Headless Chromium (Debian's `chromium` a
 `chromium-driver`, installed here with apt-get when missing) driven by selenium then
 checks the bootstrap's page: one chart point per finished round, the peer in the peers
 table, the markup shown as text (no element, no script), and a layout that fits a phone.
-It saves a screenshot in the test folder, or where FTIS_DASHBOARD_PNG says (the README's
+It saves a screenshot in the test folder, or where FTIS_DASHBOARD_PNG says (docs/usage.md's
 docs/dashboard.png is made with FTIS_DASHBOARD_PNG=docs/dashboard.png).
 """
 
