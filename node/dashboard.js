@@ -15,7 +15,7 @@ const OFFPOLICY = [
   ["chart-is", "is_weight_mean", "IS weight", null, 0.1], ["chart-capped", "frac_capped", "fraction", 0, 0.05],
   ["chart-ess", "ess", "ESS", null, 0.1], ["chart-filtered", "frac_filtered", "fraction", 0, 0.05],
 ];
-const state = { status: null, history: [], swarm: null, skew: 0, hidden: new Set(), colors: new Map(), lastOk: 0, error: "", roundsSeen: -1 };
+const state = { status: null, history: [], swarm: null, skew: 0, hidden: new Set(), colors: new Map(), lastOk: 0, error: "", roundsSeen: -1, rewardFull: false };
 
 const $ = id => document.getElementById(id);
 const now = () => Date.now() / 1000 + state.skew;  // the node's clock, for countdowns
@@ -109,7 +109,11 @@ function drawCharts() {
     { ...OWN, label: ownLabel, width: 3, points: pts(r => r.reward_mean) },
     ...peers.map(pid => ({ key: pid, label: peerLabel(pid), title: pid, color: peerColor(pid), width: 1.5,
       points: pts(r => (r.peers && r.peers[pid] ? r.peers[pid].reward_mean : null)) })),
-  ], state.hidden, toggle, { ...chartOpts, height: 330, yLabel: "mean reward", yMin: 0, yMax: 1, empty: "no finished round yet" });
+  ], state.hidden, toggle, { ...chartOpts, height: 330, yLabel: "mean reward", empty: "no finished round yet",
+    // rewards of 0.02-0.12 would sit squashed at the bottom of a 0-1 axis: fit the data, 0-1 on a click
+    ...(state.rewardFull ? { yMin: 0, yMax: 1 } : { yMin: 0, minSpan: 0.05 }) });
+  const scale = $("reward-scale");
+  if (scale) scale.textContent = state.rewardFull ? "fit to data" : "0–1 view";
 
   const stackOf = pid => ({ key: pid, label: peerLabel(pid), title: pid, color: peerColor(pid) });
   const rows = f => h.map((rec, i) => ({ x: xOf(rec, i), values: f(rec) }));
@@ -354,3 +358,4 @@ drawCharts();
 refresh();
 setInterval(refresh, 2000);
 setInterval(() => { drawProgress(); drawConn(); }, 250);
+$("reward-scale").addEventListener("click", () => { state.rewardFull = !state.rewardFull; drawCharts(); });

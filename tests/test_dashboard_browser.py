@@ -198,6 +198,30 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             "one point per round, and per round with b, on the charts",
             tmp_path,
         )
+
+        # The reward axis fits the data (0 to just above the highest reward), 0-1 at a click and back.
+        def reward_ticks() -> list[float]:
+            ticks = driver.find_elements(By.CSS_SELECTOR, '#chart-reward svg text.tick[text-anchor="end"]')
+            return [float(t.text) for t in ticks]
+
+        history = _history(a_url)[: points("own")]  # the rounds the chart has drawn (another may have ended)
+        rewards = [r["reward_mean"] for r in history if r.get("reward_mean") is not None]
+        rewards += [
+            p["reward_mean"]
+            for r in history
+            for p in (r.get("peers") or {}).values()
+            if p.get("reward_mean") is not None
+        ]
+        fitted = reward_ticks()
+        assert min(fitted) == 0 and max(fitted) >= max(rewards) - 1e-9, (fitted, max(rewards))
+        if max(rewards) <= 0.5 and points("own") == len(history):  # no higher reward drawn since
+            assert max(fitted) < 1, fitted
+        button = driver.find_element(By.ID, "reward-scale")
+        button.click()
+        assert (min(reward_ticks()), max(reward_ticks())) == (0, 1) and button.text == "fit to data"
+        button.click()
+        assert button.text == "0–1 view" and max(reward_ticks()) >= max(rewards) - 1e-9
+
         for chart in ("chart-admitted", "chart-used", "chart-is", "chart-capped", "chart-ess", "chart-filtered"):
             assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg .tick"), f"{chart} has no axis ticks"
         # The phase pill and the progress line say where the round is.
