@@ -39,6 +39,22 @@ PANELS = {
 }
 
 
+#: The settings `-h` shows; the rest are listed by `--help-all` (join -h fits on two screens).
+COMMON = frozenset(
+    {"name", "data_dir", "model", "task", "train_mode", "lr", "threads", "rounds", "loss", "swarm", "port", "api_port"}
+)
+
+
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    """`--help-all`: the help with every setting, the rare ones included."""
+    if not value or ctx.resilient_parsing:
+        return
+    for param in ctx.command.params:
+        param.hidden = False
+    typer.echo(ctx.get_help())
+    raise typer.Exit()
+
+
 class CliError(ClickException):
     """A user's mistake: printed as one `error:` line, exit code 2."""
 
@@ -132,6 +148,22 @@ def with_config_options(
                 annotation=Path | None,
             )
         )
+        params.append(
+            inspect.Parameter(
+                "help_all",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(
+                    False,
+                    "--help-all",
+                    help=f"Show every setting ({len(fields)}), not only the common ones, and exit.",
+                    callback=_help_all,
+                    is_eager=True,
+                    expose_value=False,
+                    show_default=False,
+                ),
+                annotation=bool,
+            )
+        )
         panel = "Options"
         for name, field in NodeConfig.model_fields.items():
             panel = PANELS.get(name, panel)
@@ -149,6 +181,7 @@ def with_config_options(
                         show_default=False,
                         rich_help_panel=panel,
                         metavar=_metavar(field, flag_type),
+                        hidden=name not in COMMON,
                     ),
                     annotation=flag_type | None,
                 )
@@ -157,6 +190,7 @@ def with_config_options(
         def wrapper(**kwargs: Any) -> Any:
             own_kwargs = {p.name: kwargs.pop(p.name) for p in own}
             config_file = kwargs.pop("config_file")
+            kwargs.pop("help_all", None)  # handled by its callback
             # typer gives [] for a repeatable flag that was not passed: treat it as "not given".
             overrides = {k: (None if v == [] else v) for k, v in kwargs.items()}
             try:

@@ -247,9 +247,14 @@ def test_help_and_version(tmp_path):
     runner = CliRunner()
     for flags in (["--version"], ["-V"]):
         assert runner.invoke(app, flags).output.startswith("ftis-node ")
-    short = runner.invoke(app, ["join", "-h"], env={"COLUMNS": "200"})
-    assert short.exit_code == 0 and "--swarm" in short.output
-    text = " ".join(short.output.split())  # rich wraps and pads lines
+    # -h: the common settings, on two screens at 80 columns, nothing cut short; --help-all: all of them
+    short = runner.invoke(app, ["join", "-h"], env={"COLUMNS": "80"})
+    assert short.exit_code == 0 and "--swarm" in short.output and "--help-all" in short.output
+    assert len(short.output.splitlines()) <= 70 and "…" not in short.output, short.output
+    assert "--screen-logprob-floor" not in short.output
+    every = runner.invoke(app, ["join", "--help-all"], env={"COLUMNS": "200"})
+    assert every.exit_code == 0 and "--screen-logprob-floor" in every.output and "…" not in every.output
+    text = " ".join(every.output.split())  # rich wraps and pads lines
     for expected in (
         "Learning rate. (env FTIS_LR, yaml lr) [default: 1e-6 full, 2e-4 LoRA]",
         "[default: 2.0]",
@@ -292,7 +297,8 @@ def test_every_option_of_every_command_shows_its_default():
 
     runner = CliRunner()
     for path, command in _commands(get_command(app)):
-        text = " ".join(runner.invoke(app, [*path, "-h"], env={"COLUMNS": "240"}).output.split())
+        flag = "--help-all" if any(getattr(p, "name", None) == "help_all" for p in command.params) else "-h"
+        text = " ".join(runner.invoke(app, [*path, flag], env={"COLUMNS": "240"}).output.split())
         assert not re.search(r"\w \.(?!\.)", text), (path, text)
         for param in command.params:
             if not isinstance(param, click.Option) or param.name == "help" or param.required:
