@@ -214,11 +214,18 @@ function drawTiles(s) {
   const topReason = Object.entries(failures.content || {}).sort((a, b) => b[1] - a[1])[0];
   const heard = Object.keys(s.peers || {}).length;
   const m = (last && last.metrics) || {};
+  // Trust on the first screen: how many peers are in each state (the peers table has who).
+  const trustCounts = {};
+  for (const p of Object.values(s.peers || {})) if (p.trust) trustCounts[p.trust] = (trustCounts[p.trust] || 0) + 1;
+  const quarantined = trustCounts.quarantined || 0;
   $("tiles").replaceChildren(
     tile("reward, last round", last ? fmt(last.reward_mean) : "–", last ? `${delta}best ${fmt(Math.max(...rewards))}` : "", cls),
     tile("rounds done", String(s.rounds_done), `up ${duration(s.uptime_s)}`),
     tile("peers answered", last ? String(last.peers_answered) : "–", `${heard} heard from · ${s.swarm_size || ((state.swarm && state.swarm.peers) || []).length} in swarm view`),
     tile("samples, last round", last ? String(last.own_samples + last.peer_samples) : "–", last ? `${last.own_samples} own + ${last.peer_samples} from peers` : ""),
+    tile("peers trusted", String(trustCounts.trusted || 0),
+      Object.keys(trustCounts).length ? Object.entries(trustCounts).filter(([k]) => k !== "trusted").map(([k, n]) => `${n} ${k}`).join(" · ") || "none on probation or quarantined" : "no peer yet",
+      quarantined ? "down" : ""),
     tile("rejected content", String(rejectedTotal), topReason ? `most: ${topReason[0]} (${topReason[1]}) · ${perRound(rejectedTotal)}` : "nothing so far", rejectedTotal ? "down" : ""),
     tile("network failures", String(networkTotal), topNetwork ? `most: ${topNetwork[0]} (${topNetwork[1]}) · ${perRound(networkTotal)}` : "none so far", networkTotal ? "down" : ""),
     tile("packets, last round", last ? `↑ ${bytes(last.bytes_published)}` : "–", last ? `↓ ${bytes(last.bytes_read)} · gather ${fmt(last.gather_seconds, 1)} s` : ""),

@@ -175,6 +175,18 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         driver = _browser(tmp_path, 1280, 1000)
         driver.get(a_url + "/")
 
+        # The page redraws its tables and charts every poll: read an element's text in the same
+        # script that finds it, or it may be replaced in between (a stale element).
+        def text_of(css: str) -> str:
+            got = driver.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
+            assert got is not None, f"nothing on the page matches {css}"
+            return got
+
+        def texts(css: str) -> list[str]:
+            return driver.execute_script(
+                "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)", css
+            )
+
         def points(series: str, chart: str = "chart-reward") -> int:
             return len(driver.find_elements(By.CSS_SELECTOR, f'#{chart} g[data-series="{series}"] circle'))
 
@@ -201,8 +213,7 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
 
         # The reward axis fits the data (0 to just above the highest reward), 0-1 at a click and back.
         def reward_ticks() -> list[float]:
-            ticks = driver.find_elements(By.CSS_SELECTOR, '#chart-reward svg text.tick[text-anchor="end"]')
-            return [float(t.text) for t in ticks]
+            return [float(t) for t in texts('#chart-reward svg text.tick[text-anchor="end"]')]
 
         history = _history(a_url)[: points("own")]  # the rounds the chart has drawn (another may have ended)
         rewards = [r["reward_mean"] for r in history if r.get("reward_mean") is not None]
@@ -216,39 +227,58 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         assert min(fitted) == 0 and max(fitted) >= max(rewards) - 1e-9, (fitted, max(rewards))
         if max(rewards) <= 0.5 and points("own") == len(history):  # no higher reward drawn since
             assert max(fitted) < 1, fitted
-        button = driver.find_element(By.ID, "reward-scale")
-        button.click()
-        assert (min(reward_ticks()), max(reward_ticks())) == (0, 1) and button.text == "fit to data"
-        button.click()
-        assert button.text == "0–1 view" and max(reward_ticks()) >= max(rewards) - 1e-9
+        driver.find_element(By.ID, "reward-scale").click()  # the button is static: never redrawn
+        assert (min(reward_ticks()), max(reward_ticks())) == (0, 1) and text_of("#reward-scale") == "fit to data"
+        driver.find_element(By.ID, "reward-scale").click()
+        assert text_of("#reward-scale") == "0–1 view" and max(reward_ticks()) >= max(rewards) - 1e-9
+
+        # Trust is on the first screen: a tile counting the peers in each state, as /status has them.
+        def trust_tile() -> tuple[str, str, int]:
+            value, y = driver.execute_script(
+                "const t = [...document.querySelectorAll('#tiles .tile')].find("
+                "x => x.querySelector('.label').textContent.toLowerCase() === 'peers trusted');"
+                "return [t.querySelector('.value').textContent, t.getBoundingClientRect().top + window.scrollY]"
+            )
+            return value, "", y
+
+        def trust_tile_matches() -> bool:
+            peers = _status(a_url)["peers"]
+            want = sum(1 for p in peers.values() if p.get("trust") == "trusted")
+            return trust_tile()[0] == str(want) and any(p.get("trust") for p in peers.values())
+
+        _wait(trust_tile_matches, 30, "the trust tile to match /status", tmp_path)
+        assert trust_tile()[2] < 700, "the trust tile is below the first screen"
 
         for chart in ("chart-admitted", "chart-used", "chart-is", "chart-capped", "chart-ess", "chart-filtered"):
             assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg .tick"), f"{chart} has no axis ticks"
+
         # The phase pill and the progress line say where the round is.
-        phase = driver.find_element(By.ID, "phase").text
-        assert phase and phase.split()[0] in driver.find_element(By.ID, "progress-text").text
+        def phase_and_progress_agree() -> bool:  # both read at once: the phase moves on between two reads
+            phase, text = driver.execute_script(
+                "const t = id => document.getElementById(id).textContent; return [t('phase'), t('progress-text')]"
+            )
+            return bool(phase.strip()) and phase.split()[0] in text
+
+        _wait(phase_and_progress_agree, 20, "the phase pill and the progress line to agree", tmp_path)
         assert driver.find_elements(By.CSS_SELECTOR, f'#chart-used g[data-series="{b_id}"] rect')
-        legend = driver.find_element(By.CSS_SELECTOR, "#chart-reward .legend").text
+        legend = text_of("#chart-reward .legend")
         assert "own (tiny-s)" in legend and b_id[-6:] in legend
 
         # Rounds are counted from the start of the run; the DHT bucket is in the tooltip.
-        round_label = driver.find_element(By.ID, "round")
-        assert round_label.text.startswith("round ") and round_label.text.endswith(" of this run")
+        round_label = driver.find_element(By.ID, "round")  # static: its text changes, not the element
+        assert text_of("#round").startswith("round ") and text_of("#round").endswith(" of this run")
         assert "DHT time bucket" in round_label.get_attribute("title")
 
-        row = driver.find_element(By.CSS_SELECTOR, f'#peers-table tr[data-peer="{b_id}"]')
-        assert "tiny-s" in row.text
+        assert "tiny-s" in text_of(f'#peers-table tr[data-peer="{b_id}"]')
         assert driver.find_elements(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{b_id}"]')
         # The swarm view lists the bad peer too, a peer a never trained on, with its model as text.
         assert bad_id in {p["peer_id"] for p in httpx.get(a_url + "/swarm", timeout=5).json()["peers"]}
-        bad_swarm_row = driver.find_element(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{bad_id}"]')
-        assert MODEL in bad_swarm_row.text
+        assert MODEL in text_of(f'#swarm-table tr[data-peer="{bad_id}"]')
 
         # The bad peer's markup is on the page as text, and nowhere as an element.
-        detail = driver.find_element(By.CSS_SELECTOR, '#rejections tr[data-reason="foreign_task"] td.detail')
-        assert MARKUP in detail.text
-        bad_row = driver.find_element(By.CSS_SELECTOR, f'#peers-table tr[data-peer="{bad_id}"]')
-        assert MODEL in bad_row.text and "foreign_task" in bad_row.text
+        assert MARKUP in text_of('#rejections tr[data-reason="foreign_task"] td.detail')
+        bad_row = text_of(f'#peers-table tr[data-peer="{bad_id}"]')
+        assert MODEL in bad_row and "foreign_task" in bad_row
         assert driver.find_elements(By.TAG_NAME, "img") == [] and driver.find_elements(By.CSS_SELECTOR, "main b") == []
         with pytest.raises(NoAlertPresentException):
             driver.switch_to.alert.text  # noqa: B018
