@@ -185,3 +185,21 @@ def test_full_fuzz_100k(target) -> None:
     for key in MUST_HOLD:
         assert result[key] == 0, (key, result["examples"].get(key))
     assert result["worst_decode_mib"] <= 32 and result["worst_reject_mib"] <= 32
+
+
+def test_the_oracle_allows_exactly_the_tail_cut():
+    """Admission may cut a peer's completion right after `</answer>` (and an EOS right after it):
+    the oracle accepts that prefix, and no other."""
+    from node.bench.fuzz_oracle import _kept_prefix
+    from node.models import load_model
+
+    _, tok = load_model("tiny-s")
+    head = tok("<answer>19</answer>", add_special_tokens=False)["input_ids"]
+    full = tok("<answer>19</answer>IG", add_special_tokens=False)["input_ids"]
+    cut = next(n for n in range(1, len(full) + 1) if "</answer>" in tok.decode(full[:n]))
+    assert full[:cut] == head[:cut] and cut < len(full)
+    assert _kept_prefix(tok, full, full) and _kept_prefix(tok, full[:cut], full)
+    assert not _kept_prefix(tok, full[: cut - 1], full)  # the tag itself cut
+    assert not _kept_prefix(tok, full[: cut + 1], full)  # a tail token kept
+    with_eos = [*full[:cut], tok.eos_token_id, *full[cut:]]
+    assert _kept_prefix(tok, with_eos[: cut + 1], with_eos)  # the EOS after the tag stays

@@ -260,24 +260,43 @@ def admission_violations(admission: Any, peer_id: str, current_round: int, packe
     return found
 
 
+ANSWER_CLOSE = "</answer>"  # the tag a reward reads the answer up to (docs/security.md)
+
+
+def _kept_prefix(tok: Any, kept: list[int], full: list[int]) -> bool:
+    """`kept` is `full`, or `full` cut right after the first place its text closes the answer
+    tag, with an end-of-sequence token right after the tag kept too (the tail rule)."""
+    n = len(kept)
+    if kept != full[:n]:
+        return False
+    if n == len(full):
+        return True
+    eos = tok.eos_token_id
+    k = n - 1 if n > 1 and kept[-1] == eos and ANSWER_CLOSE in tok.decode(kept[:-1]) else n
+    return ANSWER_CLOSE in tok.decode(kept[:k]) and ANSWER_CLOSE not in tok.decode(kept[: k - 1])
+
+
 def _sequences_to_completions(admission: Any, seqs: list[Any], group: Any, same_tokenizer: bool) -> list[Any]:
     tok = admission.tokenizer
 
     def same(s: Any, c: Any) -> bool:
         if same_tokenizer:
+            full = c.token_ids.tolist()
+            n = len(s.completion_ids)
             return (
-                s.completion_ids == c.token_ids.tolist()
+                _kept_prefix(tok, s.completion_ids, full)
                 # The claimed-log-prob rule may raise a claim on a flagged token (lowering its
                 # weight), never lower one; all other claims pass unchanged.
-                and len(s.logp_gen) == len(c.logprobs)
-                and bool(np.all(np.asarray(s.logp_gen) >= np.asarray(c.logprobs)))
-                and s.text == tok.decode(s.completion_ids, skip_special_tokens=True)
+                and len(s.logp_gen) == n
+                and bool(np.all(np.asarray(s.logp_gen) >= np.asarray(c.logprobs)[:n]))
+                # the text is the whole completion's: the reward was scored before any cut
+                and s.text == tok.decode(full, skip_special_tokens=True)
             )
         if not c.text or s.text != c.text:
             return False
         ids = tok(c.text, add_special_tokens=False)["input_ids"]
         eos = tok.eos_token_id
-        return s.completion_ids in (ids, [*ids, eos] if eos is not None else ids)
+        return any(_kept_prefix(tok, s.completion_ids, full) for full in (ids, [*ids, eos] if eos is not None else ids))
 
     matched = _subsequence(seqs, list(group.completions), same)
     return matched if matched is not None else [None] * len(seqs)
