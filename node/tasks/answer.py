@@ -4,9 +4,11 @@ A completion earns 1.0 only when it is well formatted AND correct:
 
 - the format is exactly one ``<answer>...</answer>`` pair (more than one pair is a
   hedge, e.g. ``<answer>3</answer><answer>4</answer>``, and earns 0);
-- the text inside the tags equals the reference answer, numerically when both sides
-  are numbers ("12" == "12.0" == "12.00", "1,200" == "1200", "3/4" == "0.75"), else
-  after a light normalisation of LaTeX spacing and wrappers.
+- the text inside the tags denotes the reference answer. Hugging Face's math-verify
+  decides that ("\\frac{1}{2}" == "0.5", "2\\sqrt{2}" == "\\sqrt{8}", "(1,2]" != "(1,2)");
+  the hand-written comparison below answers only where math-verify has no verdict: a
+  side it cannot parse, an answer too long to hand to sympy, a reference in words (it
+  reads "Paris" as the product p*a*r*i*s, equal to "pairs"), or math-verify missing.
 
 Reference answers of the datasets come in other formats: GSM8K ends its solution with
 ``#### 42`` and MATH puts the result in ``\\boxed{...}``; the extractors for those
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from fractions import Fraction
+from functools import lru_cache
+from typing import Any
 
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
@@ -34,6 +39,13 @@ _LATEX_FRAC_RE = re.compile(r"^([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
 # Relative tolerance for decimals that cannot be compared exactly ("0.333" vs "1/3"
 # must NOT match; "2.50" vs "2.5" must), so it is tight.
 _REL_TOL = 1e-9
+# Longer answers go to the hand-written compare only: sympy can take seconds on them, and
+# math-verify's own timeout (SIGALRM) works only in the main thread.
+_MATH_VERIFY_MAX_CHARS = 200
+_MATH_VERIFY_TIMEOUT_S = 2
+# A reference made of words ("Paris", "no solution"): math-verify reads words as products of
+# variables, so the text compare decides.
+_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z .'-]*[A-Za-z.]$")
 
 
 def format_instruction() -> str:
@@ -122,11 +134,58 @@ def parse_number(text: str) -> Fraction | float | None:
 
 
 def _normalise_text(s: str) -> str:
+    # A whole answer in \text{...} is text, not a number with its unit: keep what it holds.
+    s = re.sub(r"^\$?\\text\{(.*)\}\$?$", r"\1", s.strip())
     return re.sub(r"\s+", "", _strip_wrappers(s)).lower()
 
 
+def _plain_number_as_fraction(s: str) -> str:
+    """ "1e3" -> "1000", "12.50" -> "25/2": math-verify reads the e of "1e3" as Euler's number,
+    so plain decimals reach it as exact integers or fractions."""
+    t = s.strip().strip("$").strip().replace(" ", "")
+    if _GROUPED_INT_RE.match(t):
+        t = t.replace(",", "")
+    if not _DECIMAL_RE.match(t):
+        return s
+    value = Fraction(t)
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+@lru_cache(maxsize=8192)
+def _math_verify_parse(text: str) -> tuple[Any, ...]:
+    """math-verify's readings of ``text`` (empty when it finds none, or is not installed)."""
+    try:
+        from math_verify import parse
+    except ImportError:
+        return ()
+    in_main = threading.current_thread() is threading.main_thread()
+    body = _plain_number_as_fraction(text).strip().strip("$").strip()
+    return tuple(parse(f"${body}$", parsing_timeout=_MATH_VERIFY_TIMEOUT_S if in_main else None))  # type: ignore[arg-type]
+
+
+def math_verify_verdict(predicted: str, reference: str) -> bool | None:
+    """math-verify's verdict on the pair: True, False, or None when it has none."""
+    if max(len(predicted), len(reference)) > _MATH_VERIFY_MAX_CHARS or _WORDS_RE.match(reference.strip()):
+        return None
+    gold, pred = _math_verify_parse(reference), _math_verify_parse(predicted)
+    if not gold or not pred:
+        return None
+    from math_verify import verify
+
+    in_main = threading.current_thread() is threading.main_thread()
+    return bool(verify(list(gold), list(pred), timeout_seconds=_MATH_VERIFY_TIMEOUT_S if in_main else None))
+
+
 def answers_match(predicted: str, reference: str) -> bool:
-    """True when ``predicted`` and ``reference`` denote the same answer."""
+    """True when ``predicted`` and ``reference`` denote the same answer: math-verify's verdict,
+    else the hand-written compare (`hand_answers_match`)."""
+    verdict = math_verify_verdict(predicted, reference)
+    return verdict if verdict is not None else hand_answers_match(predicted, reference)
+
+
+def hand_answers_match(predicted: str, reference: str) -> bool:
+    """The hand-written compare: numerically when both sides are numbers ("12" == "12.0",
+    "1,200" == "1200", "3/4" == "0.75"), else after a light normalisation of LaTeX."""
     p, r = parse_number(predicted), parse_number(reference)
     if p is not None and r is not None:
         if p == r:
