@@ -160,6 +160,16 @@ class NodeConfig(BaseSettings):
         description="Task spec, e.g. toy, toy:ood, gym:chain_sum, gsm8k:/path/train.jsonl.",
         json_schema_extra=_extra(f"{INSTRUCT_DEFAULTS.task} for instruct models, {PLAIN_DEFAULTS.task}"),
     )
+    reward: str | None = Field(
+        None,
+        description="Your reward functions, module:function[,module:function...] (TRL's signature; docs/tasks.md).",
+        json_schema_extra=_extra("the task's own: the <answer> tag matches the reference", metavar="MODULE:FUNCTION"),
+    )
+    reward_weights: str | None = Field(
+        None,
+        description="Weights of the --reward functions, e.g. 1,0.5 (the reward is their weighted mean).",
+        json_schema_extra=_extra("1 each"),
+    )
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: hf (CPU default) or vllm (GPU).")
     train_mode: Literal["lora", "full"] = Field("lora", description="Train a LoRA adapter or the full model.")
     lora_rank: int = Field(8, description="LoRA rank.")

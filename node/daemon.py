@@ -98,7 +98,7 @@ class Node:
     def setup(self) -> Node:
         from node.models import model_folder, resolve_model, tokenizer_fingerprint
         from node.rollout import make_engine
-        from node.tasks import get_task
+        from node.tasks import get_task, with_rewards
         from node.train.trainer import Trainer
 
         cfg = self.cfg
@@ -127,6 +127,7 @@ class Node:
         has_template = bool(getattr(self.tokenizer, "chat_template", None))
         self.generation = cfg.generation(has_template)
         self.task = given_task if given_task is not None else get_task(self.generation.task)
+        self.task = with_rewards(self.task, cfg.reward, cfg.reward_weights)  # --reward: the user's functions score
         self.status.set(task=self.generation.task)
         self.sampling = cfg.sampling(has_template)
         self.ckpt_dir = cfg.node_dir / "checkpoints"
@@ -433,6 +434,8 @@ class Node:
             notices=notices,
         )
         self.status.set(notices=notices)
+        if (faults := getattr(self.task, "fault_summary", None)) is not None:  # a --reward task's bad values
+            self.status.set(reward_faults=faults())
         self.status.record_round(
             RoundRecord(
                 round=r,

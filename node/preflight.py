@@ -89,7 +89,7 @@ def check_model(cfg: NodeConfig) -> None:
 def check_all(cfg: NodeConfig, *, use_swarm: bool) -> NodeConfig:
     """Every check, cheapest first; returns the settings with `--swarm` resolved to multiaddrs."""
     from node.models import ModelLoadError
-    from node.tasks import get_task
+    from node.tasks import get_task, with_rewards
 
     check_data_dir(cfg.node_dir)
     if cfg.api_port is not None:
@@ -104,6 +104,10 @@ def check_all(cfg: NodeConfig, *, use_swarm: bool) -> NodeConfig:
         raise PreflightError(str(err)) from None
     except ValueError as err:  # TaskError and friends
         raise PreflightError(f"{flag_name('task')} {cfg.task}: {err}") from None
+    try:  # the functions import and are callable, before the swarm starts (the messages name the flag)
+        with_rewards(get_task("toy"), cfg.reward, cfg.reward_weights)
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
     if use_swarm and cfg.swarm:
         return cfg.model_copy(update={"swarm": resolve_swarm(cfg)})
     return cfg

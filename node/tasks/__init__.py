@@ -8,6 +8,12 @@ Specs (what a user passes to ``--task``):
     gsm8k:<path.jsonl>           GSM8K from a local file
     math500:<path.jsonl>         MATH-500 from a local file
     mix:<spec>,<spec>,...        prompts drawn from several tasks (node/tasks/mix.py)
+    hf:<path>[?prompt=C&answer=C&split=S]  the user's local data (node/tasks/hf.py)
+    py:<module>:<factory>[?k=v]  the user's own Task (node/tasks/plugin.py)
+    <kind>:<rest>                a kind an installed package adds (entry points ftis_node.tasks)
+
+``with_rewards(task, "module:function")`` scores a task with the user's functions
+(node/tasks/rewards.py); docs/tasks.md is the guide.
 
 ``get_task(spec)`` builds the task; ``task_for_id(task_id)`` rebuilds the task that
 issued an id received from a peer (toy and gym ids are self-contained; file-backed
@@ -17,6 +23,7 @@ ids need the local task passed in ``known``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import parse_qsl
 
 from node.suggest import did_you_mean
 from node.tasks.answer import (
@@ -30,14 +37,17 @@ from node.tasks.answer import (
 )
 from node.tasks.base import Problem, Rng, Task, TaskError
 from node.tasks.gym import NUMERIC_GYM_DATASETS, GymTask, gym_dataset_names, parse_query
+from node.tasks.hf import HfTask
 from node.tasks.jsonl import JsonlTask
 from node.tasks.mix import MixTask
+from node.tasks.plugin import entry_point_task, installed_task_kinds, plugin_task
+from node.tasks.rewards import RewardedTask, with_rewards
 from node.tasks.toy import TOY_SPLITS, ToyTask, toy_completion
 
-TASK_KINDS: tuple[str, ...] = ("toy", "gym", "gsm8k", "math500", "mix")
+TASK_KINDS: tuple[str, ...] = ("toy", "gym", "gsm8k", "math500", "mix", "hf", "py")
 _SPEC_HELP = (
     "toy[:id|ood|add|sub], gym:<dataset>[?seed=N&key=value], gsm8k:<file.jsonl>, math500:<file.jsonl>, "
-    "mix:<spec>,<spec>,..."
+    "mix:<spec>,<spec>,..., hf:<file>?prompt=<column>&answer=<column>, py:<module>:<factory>"
 )
 
 
@@ -72,6 +82,21 @@ def get_task(spec: str) -> Task:
         if not rest:
             raise TaskError(f"task spec {spec!r} names no file; e.g. {kind}:/data/{kind}.jsonl")
         return JsonlTask(kind, rest)  # type: ignore[arg-type]
+    if kind == "hf":
+        path, _, query = rest.partition("?")
+        if not path:
+            raise TaskError(f"task spec {spec!r} names no data; e.g. hf:problems.jsonl?prompt=question&answer=answer")
+        try:
+            options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+        except ValueError:
+            raise TaskError(f"task spec {spec!r}: options are key=value pairs joined by '&'") from None
+        return HfTask(path, options)
+    if kind == "py":
+        if not rest:
+            raise TaskError(f"task spec {spec!r} names no factory; e.g. py:my_task:make_task")
+        return plugin_task(rest)
+    if kind in installed_task_kinds():
+        return entry_point_task(kind, rest)
     raise TaskError(
         f"unknown task kind {kind!r} in spec {spec!r}.{did_you_mean(kind, TASK_KINDS)} Valid forms: {_SPEC_HELP}"
     )
@@ -104,8 +129,10 @@ __all__ = [
     "TASK_KINDS",
     "TOY_SPLITS",
     "GymTask",
+    "HfTask",
     "JsonlTask",
     "Problem",
+    "RewardedTask",
     "Rng",
     "Task",
     "TaskError",
@@ -121,4 +148,5 @@ __all__ = [
     "tagged_reward",
     "task_for_id",
     "toy_completion",
+    "with_rewards",
 ]
