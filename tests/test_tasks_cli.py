@@ -105,3 +105,30 @@ def test_bad_input_is_one_error_line_and_exit_2_before_anything_starts(tmp_path)
         assert len(lines) == 1 and lines[0].startswith("error: "), (case, done.stderr)
         assert BAD_INPUT[case][1] in lines[0], (case, lines[0])
         assert not (tmp_path / case.replace(" ", "-") / "status.json").exists(), case  # nothing started
+
+
+@pytest.mark.timeout(900)
+def test_a_reward_that_fails_is_counted_and_the_run_goes_on(tmp_path) -> None:
+    (tmp_path / "my_flaky.py").write_text(
+        "def flaky(prompts, completions, **columns):\n"
+        "    if len(completions[0]) % 2:\n"
+        "        raise ValueError('odd length')\n"
+        "    return [float('nan')]\n"
+    )
+    done = ftis(
+        tmp_path,
+        *SHORT,
+        "--task",
+        "toy",
+        "--reward",
+        "my_flaky:flaky",
+        "--rounds",
+        "2",
+        "--data-dir",
+        str(tmp_path / "n"),
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    status = json.loads((tmp_path / "n" / "status.json").read_text())
+    faults = status["reward_faults"]
+    assert status["rounds_done"] == 2 and faults["failed"] == 2 * 2 * 4  # every completion of both rounds
+    assert "my_flaky:flaky" in faults["last"]

@@ -222,3 +222,18 @@ def test_bad_task_factories_say_what_is_wrong(on_path, spec, message) -> None:
     )
     with pytest.raises(TaskError, match=message):
         get_task(spec)
+
+
+def test_an_installed_package_adds_a_task_kind(on_path) -> None:
+    # What `pip install` leaves for an entry point: a dist-info folder on the path.
+    (on_path / "my_task.py").write_text(
+        docs_example("my_task.py") + "\n\ndef from_spec(rest):\n    return make(rest)\n"
+    )
+    info = on_path / "my_task-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-task\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ftis_node.tasks]\ndouble = my_task:from_spec\n")
+    task = get_task("double:30")
+    assert task.id_prefix == "double/30/" and task.problem("double/30/4").answer == "8"
+    with pytest.raises(TaskError, match=r"unknown task kind 'triple'"):
+        get_task("triple:30")
