@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node.tasks import HfTask, RewardedTask, TaskError, get_task, with_rewards
+from node.tasks import HfTask, RewardedTask, TaskError, get_task, task_for_id, with_rewards
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
 
@@ -53,6 +53,9 @@ def test_hf_jsonl_rows_are_problems_named_by_row_and_digest(tmp_path) -> None:
     assert {task.sample(random.Random(i)) for i in range(200)} == {f"{task.id_prefix}{i}" for i in range(16)}
     with pytest.raises(TaskError, match="only 16 rows"):
         task.problem(f"{task.id_prefix}16")
+    assert task_for_id(f"{task.id_prefix}3", known=[task]) is task
+    with pytest.raises(TaskError, match="needs the local data"):
+        task_for_id(f"{task.id_prefix}3")
 
 
 def test_same_rows_in_any_format_are_the_same_task_other_rows_are_not(tmp_path) -> None:

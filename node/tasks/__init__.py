@@ -121,6 +121,11 @@ def task_for_id(task_id: str, known: Iterable[Task] = ()) -> Task:
             f"task id {task_id!r} needs the local {kind} file: build the task with "
             f'get_task("{kind}:<file.jsonl>") and pass it in known'
         )
+    if kind == "hf":
+        raise TaskError(
+            f"task id {task_id!r} needs the local data it was drawn from: build the task with "
+            'get_task("hf:<path>?prompt=<column>&answer=<column>") and pass it in known'
+        )
     raise TaskError(f"task id {task_id!r} has an unknown kind; valid kinds: {', '.join(TASK_KINDS)}")
 
 
