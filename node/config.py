@@ -40,7 +40,7 @@ from pydantic_settings import (
 from node.groups import PROBATION_SHARE
 from node.screen import ScreenConfig
 from node.trust import TrustConfig
-from protocol import Limits, ProtocolError
+from protocol import MAX_DISPLAY_NAME_CHARS, Limits, ProtocolError
 from protocol.keys import validate_swarm_id
 
 ENV_PREFIX = "FTIS_"
@@ -147,7 +147,12 @@ class NodeConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # --- identity and storage
-    name: str = Field("node", min_length=1, description="Human-readable node name (shown on the dashboard).")
+    name: str = Field(
+        "node",
+        min_length=1,
+        max_length=MAX_DISPLAY_NAME_CHARS,
+        description="Human-readable node name; it travels in each packet, so peers show it too.",
+    )
     data_dir: Path | None = Field(
         None,
         description="Folder for identity keys, checkpoints and status.json.",
@@ -317,6 +322,16 @@ class NodeConfig(BaseSettings):
     @classmethod
     def _loss_spelling(cls, value: Any) -> Any:
         return value.strip().lower().replace("_", "-") if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _name_rule(cls, value: str) -> str:
+        # Peers show it (the packet refuses control characters) and it names the default data dir.
+        if not value.isprintable() or value.strip() != value:
+            raise ValueError("a name is one line of printable characters, without leading or trailing spaces")
+        if "/" in value or "\\" in value or value in (".", ".."):
+            raise ValueError("a name cannot hold '/' or '\\' or be '.' or '..': it names the default data folder")
+        return value
 
     @field_validator("swarm_id")
     @classmethod

@@ -547,6 +547,7 @@ class Node:
             swarm_id=self.cfg.swarm_id,
             round=r,
             sender_peer_id=self.swarm.peer_id,
+            sender_name=self.cfg.name,
             base_model_id=self.cfg.model,
             adapter_version=self.engine.adapter_version,
             tokenizer_fingerprint=self.fingerprint,
@@ -781,14 +782,14 @@ def seed_of_peer(peer_id: str) -> int:
 
 
 def _sender_model(data: bytes) -> dict[str, str]:
-    """The model and adapter version a packet's header claims, for the dashboard (unverified)."""
+    """The name, model and adapter version a packet's header claims, for the dashboard (unverified)."""
     from protocol.codec import peek_header
 
     try:
         header = peek_header(data)
     except Exception:  # network data; admission has counted the reason already
         return {}
-    return {"model": header.base_model_id, "adapter_version": header.adapter_version}
+    return {"name": header.sender_name, "model": header.base_model_id, "adapter_version": header.adapter_version}
 
 
 def install_stop_handlers(node: Node) -> None:

@@ -51,13 +51,21 @@ function duration(s) {
 function peerInfo(pid) {
   const p = (state.status && state.status.peers[pid]) || {};
   const seen = ((state.swarm && state.swarm.peers) || []).find(q => q.peer_id === pid) || {};
-  return { model: p.model || seen.model, adapter: p.adapter_version || seen.adapter_version };
+  return { name: p.name || seen.name, model: p.model || seen.model, adapter: p.adapter_version || seen.adapter_version };
 }
 
+// A peer's --name is its own claim (many nodes keep the default "node"): the id suffix stays beside it.
 function peerLabel(pid) {
   if (pid === UNNAMED) return "no peer named";
-  const { model } = peerInfo(pid);
-  return model ? `${model} ${shortId(pid)}` : shortId(pid);
+  const { name, model } = peerInfo(pid);
+  const who = name || model;
+  return who ? `${who} ${shortId(pid)}` : shortId(pid);
+}
+
+function peerCell(pid, ...extra) {
+  const { name } = peerInfo(pid);
+  return el("td", { class: "mono", title: name ? `${name} (its --name) · ${pid}` : pid },
+    ...extra, name ? el("span", { class: "peer-name" }, name) : null, name ? " " : null, shortId(pid));
 }
 
 function peerColor(pid) {
@@ -268,7 +276,7 @@ function drawPeers(s) {
     const swatch = el("span", { class: "swatch" });
     swatch.style.background = peerColor(p.peer_id);
     return el("tr", { "data-peer": p.peer_id },
-      el("td", { class: "mono", title: p.peer_id }, swatch, " ", shortId(p.peer_id)),
+      peerCell(p.peer_id, swatch, " "),
       el("td", { class: "clip", title: info.model || "" }, info.model || "–"),
       el("td", { class: "mono", title: info.adapter || "" }, info.adapter ? String(info.adapter).slice(0, 10) : "–"),
       trustCell(p), relRound(p.last_round, s),
@@ -289,7 +297,9 @@ function drawSwarm(s) {
     : "peers this node has heard from (its swarm layer lists no others)";
   const rows = [...view.peers].sort((a, b) => (b.round || 0) - (a.round || 0) || String(a.peer_id).localeCompare(String(b.peer_id)));
   $("swarm-table").tBodies[0].replaceChildren(...rows.map(p => el("tr", { "data-peer": p.peer_id },
-    el("td", { class: "mono", title: p.peer_id }, shortId(p.peer_id), p.peer_id === s.peer_id ? el("span", { class: "badge self" }, "this node") : null),
+    p.peer_id === s.peer_id
+      ? el("td", { class: "mono", title: p.peer_id }, shortId(p.peer_id), el("span", { class: "badge self" }, "this node"))
+      : peerCell(p.peer_id),
     el("td", { class: "clip", title: p.model || "" }, p.model || "–"),
     el("td", { class: "mono", title: p.adapter_version || "" }, p.adapter_version ? String(p.adapter_version).slice(0, 10) : "–"),
     relRound(p.round, s), el("td", { class: "num" }, bytes(p.size)), el("td", {}, ago(p.last_seen)))));

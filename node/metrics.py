@@ -233,7 +233,12 @@ def peer_families(s: dict[str, Any], max_peers: int) -> Iterator[Metric]:
         if p.get("trust"):
             for state in dict.fromkeys((*TRUST_STATES, p["trust"])):
                 trust.add_metric([pid, state], 1.0 if state == p["trust"] else 0.0)
-    yield from (reward, seen, trust)
+    # A peer's name and model as labels of an info series, not of every series: a name can change,
+    # and a label that changes would start a new series (join on `peer` to show names).
+    info = InfoMetricFamily("ftis_peer", "A peer's --name and model, as its newest packet claims", labels=["peer"])
+    for pid in kept:
+        info.add_metric([pid], {"name": str(peers[pid].get("name") or ""), "model": str(peers[pid].get("model") or "")})
+    yield from (reward, seen, trust, info)
     for suffix, key, doc in PEER_OFFPOLICY:
         family = GaugeMetricFamily(f"ftis_peer_{suffix}", doc + " (last step that used them)", labels=["peer"])
         for pid in kept:

@@ -37,6 +37,7 @@ class PeerStats(BaseModel):
     last_round: int | None = None
     last_seen: float | None = None
     # From the newest packet's header (network data: shown escaped, never trusted).
+    name: str | None = None  # its --name: a label it chose, not an identity
     model: str | None = None
     adapter_version: str | None = None
     reward_mean: float | None = None  # its admitted samples of the last round, as re-scored here
@@ -360,6 +361,7 @@ class NodeStatus:
             heard = [
                 {
                     "peer_id": p.peer_id,
+                    "name": p.name,
                     "model": p.model,
                     "adapter_version": p.adapter_version,
                     "round": p.last_round,

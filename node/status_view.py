@@ -112,6 +112,15 @@ def short_id(peer_id: Any) -> str:
     return "…" + text[-6:] if len(text) > 14 else text
 
 
+NAME_CELLS = 12  # a peer's name in a table, at most
+
+
+def peer_label(peer_id: Any, name: Any = None, limit: int = NAME_CELLS) -> str:
+    """A peer's --name (its own claim, capped) beside its id suffix, which tells apart two that chose the same name."""
+    label = safe(name, limit) if limit >= 2 else ""
+    return f"{label} {short_id(peer_id)}" if label else short_id(peer_id)
+
+
 def sparkline(values: list[float], width: int = 40) -> str:
     values = [v for v in values if isinstance(v, (int, float))][-width:]
     if not values:
@@ -275,9 +284,12 @@ PEER_DROP_ORDER = ("adapter", "filtered", "ESS", "capped", "last round", "IS w",
 _WRAPPING = ("trust", "rejected / screened")  # columns whose cells wrap at spaces (never their header)
 
 
-def _fit_columns(rows: list[tuple[Text, ...]], width: int, keep: list[bool]) -> list[bool]:
+def _fit_columns(rows: list[tuple[Text, ...]], width: int, keep: list[bool]) -> tuple[list[bool], dict[int, int], int]:
     """Drop columns in PEER_DROP_ORDER until each shown one fits its header and its cells (a
-    wrapping column its longest word) in `width`, three cells of padding and border a column."""
+    wrapping column its longest word) in `width`, three cells of padding and border a column.
+
+    Returns what to show, the width of each wrapping column (they share what is left, so rich
+    never has to squeeze a column below its header) and by how much the table is still too wide."""
     names = [name for name, _ in PEER_COLUMNS]
 
     def need(i: int) -> int:
@@ -287,12 +299,22 @@ def _fit_columns(rows: list[tuple[Text, ...]], width: int, keep: list[bool]) -> 
             cells = [r[i].cell_len for r in rows]
         return max([Text(names[i]).cell_len, *cells]) + 3
 
+    def total(shown: list[bool]) -> int:
+        return sum(need(i) for i, k in enumerate(shown) if k) + 1
+
     keep = list(keep)
     for name in PEER_DROP_ORDER:
-        if sum(need(i) for i, k in enumerate(keep) if k) + 1 <= width:
+        if total(keep) <= width:
             break
         keep[names.index(name)] = False
-    return keep
+    slack = width - total(keep)
+    widths = {}
+    for i, name in enumerate(names):
+        if keep[i] and name in _WRAPPING:
+            natural = max([Text(name).cell_len, *(r[i].cell_len for r in rows)]) + 3
+            widths[i] = min(natural, need(i) + max(slack, 0))
+            slack -= widths[i] - need(i)
+    return keep, widths, max(0, -slack)
 
 
 def _peers_table(s: dict[str, Any], now: float, width: int) -> Table:
@@ -309,7 +331,7 @@ def _peers_table(s: dict[str, Any], now: float, width: int) -> Table:
             trust += time.strftime(" until %H:%M:%S", time.localtime(until)) if until > 1e9 else f" until round {until}"
         rows.append(
             (
-                Text(short_id(p["peer_id"])),
+                Text(peer_label(p["peer_id"], p.get("name"))),
                 Text(safe(p.get("model"), 40) or "–"),
                 Text(safe(p.get("adapter_version"))[:10] or "–"),
                 Text(trust, style="red" if trust.startswith("quarantined") else ""),
@@ -325,14 +347,19 @@ def _peers_table(s: dict[str, Any], now: float, width: int) -> Table:
                 Text(", ".join(reasons) or "–", style="red" if reasons else ""),
             )
         )
-    keep = _fit_columns(rows, width, [name != "trust" or any_trust for name, _ in PEER_COLUMNS])
+    keep, widths, over = _fit_columns(rows, width, [name != "trust" or any_trust for name, _ in PEER_COLUMNS])
+    if over:  # still too wide with every optional column gone: the peers' names give way first
+        short = [peer_label(p["peer_id"], p.get("name"), limit=NAME_CELLS - over) for p in peers]
+        rows = [(Text(label), *row[1:]) for label, row in zip(short, rows)]
+        keep, widths, _ = _fit_columns(rows, width, keep)
     table = Table(title="peers", title_justify="left", expand=False, header_style="dim", box=box.SIMPLE)
-    for (name, justify), shown in zip(PEER_COLUMNS, keep):
+    for i, ((name, justify), shown) in enumerate(zip(PEER_COLUMNS, keep)):
         if shown:
             wraps = name in _WRAPPING
             table.add_column(
                 name,
                 justify=justify,  # type: ignore[arg-type]
+                width=widths[i] - 3 if i in widths else None,
                 min_width=len(name),
                 no_wrap=not wraps,
                 overflow="fold" if wraps else "ellipsis",
@@ -355,10 +382,12 @@ def _swarm_table(s: dict[str, Any], peers: list[dict[str, Any]], source: Any, no
     table = Table(title=title, title_justify="left", header_style="dim")
     for name in ("peer", "model", "adapter", "last round", "packet", "last seen"):
         table.add_column(name, min_width=len(name), no_wrap=name != "model")
+    names = {pid: q.get("name") for pid, q in (s.get("peers") or {}).items()}
     for p in sorted(peers, key=lambda q: str(q.get("peer_id"))):
-        mark = " (this node)" if p.get("peer_id") == s.get("peer_id") else ""
+        pid = p.get("peer_id")
+        mark = " (this node)" if pid == s.get("peer_id") else ""
         table.add_row(
-            Text(short_id(p.get("peer_id")) + mark),
+            Text(peer_label(pid, p.get("name") or names.get(pid)) + mark),
             Text(safe(p.get("model"), 40) or "–"),
             Text(safe(p.get("adapter_version"))[:10] or "–"),
             _behind(p.get("round"), s.get("round")),

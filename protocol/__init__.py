@@ -23,6 +23,7 @@ from protocol.errors import ErrorCode, ProtocolError
 from protocol.keys import parse_round_key, round_at, round_key, round_start, validate_swarm_id
 from protocol.packet import (
     LOGPROB_TOLERANCE,
+    MAX_DISPLAY_NAME_CHARS,
     PROTOCOL_VERSION,
     Completion,
     FinishReason,
@@ -38,6 +39,7 @@ __all__ = [
     "LOGPROB_FLOOR",
     "LOGPROB_TOLERANCE",
     "MAGIC",
+    "MAX_DISPLAY_NAME_CHARS",
     "PROTOCOL_VERSION",
     "Completion",
     "ErrorCode",

@@ -43,7 +43,7 @@ Bounds the decoder enforces, every one before a completion is built (the numbers
                 magic, FORMAT_VERSION, no unknown flag, and the two lengths adding
                 up to the packet's size    [bad_magic, bad_version, bad_flags, truncated,
                                             length_mismatch]
-    header      at most MAX_HEADER_BYTES (8 KiB; a valid header is under 5.5 KiB), so
+    header      at most MAX_HEADER_BYTES (8 KiB; a valid header is under 6 KiB), so
                 unpacking it is cheap whatever it holds; a map without repeated keys;
                 protocol_version == PROTOCOL_VERSION, then PacketHeader's schema,
                 strictly (no coercion)      [too_large, bad_msgpack, bad_version, bad_schema]
@@ -126,7 +126,7 @@ _KNOWN_FLAGS = FLAG_ZSTD
 _PREFIX = struct.Struct("<4sBBII")  # magic, format version, flags, header length, body length
 PREFIX_SIZE = _PREFIX.size
 # Any valid header fits: 5 names of at most 256 characters (4 bytes each in UTF-8), a
-# 64-character swarm id, 4 numbers and the field names come to under 5.5 KiB.
+# 64-character display name and swarm id, 4 numbers and the field names: under 6 KiB.
 MAX_HEADER_BYTES = 8192
 ZSTD_LEVEL = 3  # zstd's default: most of the gain at a fraction of the time of higher levels
 

@@ -35,6 +35,7 @@ from protocol.keys import validate_swarm_id
 
 __all__ = [
     "LOGPROB_TOLERANCE",
+    "MAX_DISPLAY_NAME_CHARS",
     "MAX_NAME_CHARS",
     "PROTOCOL_VERSION",
     "Completion",
@@ -46,8 +47,9 @@ __all__ = [
     "logprob_problem",
 ]
 
-PROTOCOL_VERSION = 2  # 2: the sharded DHT layout (CHANGELOG.md)
+PROTOCOL_VERSION = 3  # 2: the sharded DHT layout; 3: the sender's display name (CHANGELOG.md)
 MAX_NAME_CHARS = 256  # bound on every identifier string (ids, hashes, fingerprints)
+MAX_DISPLAY_NAME_CHARS = 64  # a node's --name: a label for people, not an identity
 # Sampling log-probs are <= 0 mathematically, but an engine's float arithmetic can land a
 # hair above zero for a near-certain token; that is noise, not a bad packet.
 LOGPROB_TOLERANCE = 1e-4
@@ -119,6 +121,19 @@ def _utf8(s: str) -> str:
 TokenIds = Annotated[np.ndarray, PlainValidator(_as_token_ids), PlainSerializer(_to_list, when_used="json")]
 LogProbs = Annotated[np.ndarray, PlainValidator(_as_logprobs), PlainSerializer(_to_list, when_used="json")]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_utf8)]
+
+
+def _printable(s: str) -> str:
+    # A stranger's label is shown on dashboards, terminals and metric labels: no control,
+    # format or line-separator characters that could rewrite what is around it.
+    if not s.isprintable():
+        raise ValueError("display name holds a control or non-printable character")
+    return s
+
+
+DisplayName = Annotated[
+    str, Field(max_length=MAX_DISPLAY_NAME_CHARS), AfterValidator(_utf8), AfterValidator(_printable)
+]
 Text = Annotated[str, AfterValidator(_utf8)]
 
 _set = object.__setattr__  # how pydantic itself fills a frozen model in model_construct
@@ -235,6 +250,7 @@ class PacketHeader(BaseModel):
     swarm_id: str
     round: int = Field(ge=0, le=2**63 - 1)
     sender_peer_id: Name
+    sender_name: DisplayName = ""  # the sender's --name, unverified: who it says it is, not who it is
     base_model_id: Name
     adapter_version: Name  # hash of the LoRA adapter that sampled; "base" before any update
     tokenizer_fingerprint: Name  # equal fingerprints => token ids are directly comparable
@@ -257,6 +273,7 @@ class PacketHeader(BaseModel):
         tokenizer_fingerprint: str,
         vocab_size: int,
         adapter_version: str = "base",
+        sender_name: str = "",
         created_at: float | None = None,
     ) -> PacketHeader:
         """Header stamped with the current time unless `created_at` is given."""
@@ -264,6 +281,7 @@ class PacketHeader(BaseModel):
             swarm_id=swarm_id,
             round=round,
             sender_peer_id=sender_peer_id,
+            sender_name=sender_name,
             base_model_id=base_model_id,
             adapter_version=adapter_version,
             tokenizer_fingerprint=tokenizer_fingerprint,

@@ -1,5 +1,5 @@
 """A dishonest swarm peer in its own process: a real DHT peer that publishes, once per round,
-a well-formed, correctly signed packet whose task id and model name are HTML markup.
+a well-formed, correctly signed packet whose task id, model and sender name are HTML markup.
 
     python tests/bad_peer.py '<SwarmConfig as JSON>'
 
@@ -16,6 +16,7 @@ import time
 
 MARKUP = "<img src=x onerror=alert(1)>"
 MODEL = "<b>evil-model</b>"
+NAME = "<i>evil</i> peer"  # its --name, as its header carries it
 
 
 def bad_packet(peer_id: str, swarm_id: str, round_: int) -> bytes:
@@ -27,6 +28,7 @@ def bad_packet(peer_id: str, swarm_id: str, round_: int) -> bytes:
         swarm_id=swarm_id,
         round=round_,
         sender_peer_id=peer_id,
+        sender_name=NAME,
         base_model_id=MODEL,
         tokenizer_fingerprint="not-a-real-tokenizer",
         vocab_size=512,

@@ -9,6 +9,8 @@ from node.status import NodeStatus, RoundRecord
 PEER_M = "12D3KooWPeerMediumModel000001"
 PEER_L = "12D3KooWPeerLargeModel0000002"
 MARKUP = "<img src=x onerror=alert(1)>"
+#: The peers' --name, as their packets carry it: one plain, one a stranger's markup.
+PEER_NAMES = {PEER_M: "medium-node", PEER_L: MARKUP}
 
 
 def fill_status(status: NodeStatus, rounds: int = 3, first_bucket: int = 1000) -> NodeStatus:
@@ -30,6 +32,7 @@ def fill_status(status: NodeStatus, rounds: int = 3, first_bucket: int = 1000) -
                 samples_admitted=8,
                 last_round=r,
                 last_seen=time.time(),
+                name=PEER_NAMES[pid],
                 model=model,
                 adapter_version=f"v{i}",
             )

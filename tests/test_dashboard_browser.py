@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.bad_peer import MARKUP, MODEL
+from tests.bad_peer import MARKUP, MODEL, NAME
 from tests.procs import free_port as _free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -269,7 +269,10 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         assert text_of("#round").startswith("round ") and text_of("#round").endswith(" of this run")
         assert "DHT time bucket" in round_label.get_attribute("title")
 
-        assert "tiny-s" in text_of(f'#peers-table tr[data-peer="{b_id}"]')
+        b_row = text_of(f'#peers-table tr[data-peer="{b_id}"]')
+        assert "tiny-s" in b_row and b_row.strip().startswith(f"b …{b_id[-6:]}"), b_row  # its --name, then its id
+        legend = texts("#chart-reward .legend-item")
+        assert any(t.startswith("b …") for t in legend), legend
         assert driver.find_elements(By.CSS_SELECTOR, f'#swarm-table tr[data-peer="{b_id}"]')
         # The swarm view lists the bad peer too, a peer a never trained on, with its model as text.
         assert bad_id in {p["peer_id"] for p in httpx.get(a_url + "/swarm", timeout=5).json()["peers"]}
@@ -278,8 +281,9 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         # The bad peer's markup is on the page as text, and nowhere as an element.
         assert MARKUP in text_of('#rejections tr[data-reason="foreign_task"] td.detail')
         bad_row = text_of(f'#peers-table tr[data-peer="{bad_id}"]')
-        assert MODEL in bad_row and "foreign_task" in bad_row
+        assert MODEL in bad_row and NAME in bad_row and "foreign_task" in bad_row
         assert driver.find_elements(By.TAG_NAME, "img") == [] and driver.find_elements(By.CSS_SELECTOR, "main b") == []
+        assert driver.find_elements(By.CSS_SELECTOR, "main i") == []
         with pytest.raises(NoAlertPresentException):
             driver.switch_to.alert.text  # noqa: B018
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

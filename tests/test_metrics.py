@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.api import ApiServer
 from node.metrics import OTHER, UNATTRIBUTED, NodeMetrics, peer_families
 from node.status import NodeStatus
-from tests.observed import PEER_L, PEER_M, fill_status
+from tests.observed import PEER_L, PEER_M, PEER_NAMES, fill_status
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,6 +74,9 @@ def test_metrics_agree_with_status(node):
         assert value(m, "ftis_peer_kl", peer=pid, quantile="0.5") == pytest.approx(peer["offpolicy"]["kl_p50"])
         assert value(m, "ftis_peer_is_frac_capped", peer=pid) == pytest.approx(peer["offpolicy"]["frac_capped"])
         assert value(m, "ftis_peer_trust", peer=pid, state=peer["trust"]) == 1
+        # The name its packets carry, escaped by the exposition and read back intact.
+        info = ("ftis_peer_info", tuple(sorted({"peer": pid, "name": PEER_NAMES[pid], "model": peer["model"]}.items())))
+        assert m[info] == 1
     assert (
         value(m, "ftis_screened_total", reason="implausible", peer=PEER_M)
         == s["peers"][PEER_M]["screened"]["implausible"]

@@ -16,6 +16,8 @@ from protocol import (
     FORMAT_VERSION,
     LOGPROB_FLOOR,
     MAGIC,
+    MAX_DISPLAY_NAME_CHARS,
+    PROTOCOL_VERSION,
     Completion,
     ErrorCode,
     Group,
@@ -327,10 +329,10 @@ def test_reject_bad_versions() -> None:
     data = bytearray(encode(make_packet()))
     data[4] = FORMAT_VERSION + 1
     rejects(bytes(data), "bad_version")
-    future_header = PacketHeader(**{**make_header().model_dump(), "protocol_version": 3})
+    future_header = PacketHeader(**{**make_header().model_dump(), "protocol_version": PROTOCOL_VERSION + 1})
     future = make_packet().model_copy(update={"header": future_header})
     err = rejects(encode(future), "bad_version")
-    assert "protocol version 3" in err.reason
+    assert f"protocol version {PROTOCOL_VERSION + 1}" in err.reason
     with pytest.raises(ProtocolError) as info:
         peek_header(encode(future))
     assert info.value.code == "bad_version"
@@ -390,6 +392,7 @@ def test_reject_bad_header_schema() -> None:
         {"created_at": float("nan")},
         {"swarm_id": "UPPER"},
         {"sender_peer_id": ""},
+        {"sender_name": 7},
         {"extra_field": 1},
     ):
         rejects(assemble({**header, **change}, body), "bad_schema")
@@ -397,6 +400,20 @@ def test_reject_bad_header_schema() -> None:
     del missing["tokenizer_fingerprint"]
     err = rejects(assemble(missing, body), "bad_schema")
     assert "tokenizer_fingerprint" in err.reason
+
+
+def test_the_sender_name_travels_bounded_and_printable() -> None:
+    # A stranger's label reaches dashboards, terminals and metric labels: bounded, one line.
+    named = make_packet().model_copy(update={"header": make_header(sender_name="alice's laptop ✓")})
+    assert decode(encode(named)).header.sender_name == "alice's laptop ✓"
+    assert peek_header(encode(named)).sender_name == "alice's laptop ✓"
+    _, _, header, body = split(encode(named))
+    for bad in ("x" * (MAX_DISPLAY_NAME_CHARS + 1), "two\nlines", "esc\x1b[31m", "\u202eevil"):
+        err = rejects(assemble({**header, "sender_name": bad}, body), "bad_schema")
+        assert "sender_name" in err.reason
+    unnamed = {k: v for k, v in header.items() if k != "sender_name"}  # the field is optional
+    assert decode(assemble(unnamed, body)).header.sender_name == ""
+    assert decode(assemble({**header, "sender_name": "x" * MAX_DISPLAY_NAME_CHARS}, body)).header.sender_name
 
 
 def test_reject_bad_body_schema() -> None:

@@ -47,6 +47,7 @@ def test_status_shows_round_phase_reward_peers_and_rejections(served):
     assert "round 4 of this run (DHT bucket 1003)" in text
     assert "0.300" in text  # the last round's own reward
     assert "warning: no learning signal: all rewards equal" in text
+    assert "medium-node …" + PEER_M[-6:] in text  # a peer's --name beside its id suffix
     for pid in (PEER_M, PEER_L):
         assert "…" + pid[-6:] in text
     assert "tiny-m" in text and "tiny-l" in text

@@ -70,6 +70,7 @@ def _header(ctx: FuzzContext, rng: random.Random, **change: Any) -> PacketHeader
         swarm_id=ctx.swarm_id,
         round=ctx.round - rng.choice((0, 0, 0, 1)),
         sender_peer_id=ctx.peer_id,
+        sender_name=rng.choice(("", "node", "alice's laptop")),
         base_model_id="tiny-s",
         adapter_version=rng.choice(("base", "3f9a1c0e2b7d4a58")),
         tokenizer_fingerprint=ctx.fingerprint,
@@ -260,7 +261,8 @@ def _edit_header(rng: random.Random, data: bytes) -> bytes:
         "sender_peer_id": ["QmSomeoneElse", "", "p" * 257],
         "tokenizer_fingerprint": ["sha256:another-tokenizer", ""],
         "vocab_size": [1, 2, 256, 65_536, 65_537, 100_000, 2**32, 2**32 + 1, 0],
-        "protocol_version": [0, 1, 3, 255, True, 2.0],
+        "protocol_version": [0, 1, 2, 4, 255, True, 3.0],
+        "sender_name": ["", "a" * 64, "a" * 65, "two\nlines", "tab\there", "\u202eevil", "名前", 7],
         "created_at": [-1.0, math.inf, math.nan, 0, 2**64 - 1, 1e300],
     }
     options = edits.get(key)

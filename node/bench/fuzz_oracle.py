@@ -88,8 +88,10 @@ def _check(ok: bool, why: str) -> None:
 
 
 def _header(h: Any) -> dict[str, Any]:
-    _check(type(h) is dict and set(h) == _HEADER_FIELDS, "header fields")
-    _check(_int(h["protocol_version"]) and h["protocol_version"] == 2, "protocol version")
+    _check(type(h) is dict and set(h) - {"sender_name"} == _HEADER_FIELDS, "header fields")
+    _check(_int(h["protocol_version"]) and h["protocol_version"] == 3, "protocol version")
+    label = h.get("sender_name", "")
+    _check(type(label) is str and len(label) <= 64 and label.isprintable(), "sender name")
     s = h["swarm_id"]
     _check(type(s) is str and 1 <= len(s) <= 64 and set(s) <= _SWARM_CHARS and s[0] not in "_-", "swarm id")
     _check(_int(h["round"]) and 0 <= h["round"] < 2**63, "round")
