@@ -1,4 +1,4 @@
-"""Small helpers of the tests that start real processes: a free port, the live p2pd processes."""
+"""Small helpers of the tests that start real processes: a free port, a node's status, the live p2pd processes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def status_of(url: str) -> dict:
+    """A node's GET /status, or {} while it does not answer (still loading, or gone)."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/status", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
 
 
 def _stat(pid: int) -> tuple[str, int]:

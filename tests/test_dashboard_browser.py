@@ -27,6 +27,7 @@ import pytest
 
 from tests.bad_peer import MARKUP, MODEL, NAME
 from tests.procs import free_port as _free_port
+from tests.procs import status_of
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -54,13 +55,6 @@ def _p2pd_pids() -> set[int]:
         except OSError:
             pass
     return pids
-
-
-def _status(url: str) -> dict:
-    try:
-        return httpx.get(url + "/status", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
 
 
 def _history(url: str) -> list[dict]:
@@ -155,15 +149,15 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
     driver = None
     try:
         procs["a"], a_url = _join(tmp_path, "a", None)
-        _wait(lambda: _status(a_url).get("join_addrs"), 180, "the bootstrap to start", tmp_path)
-        a = _status(a_url)
+        _wait(lambda: status_of(a_url).get("join_addrs"), 180, "the bootstrap to start", tmp_path)
+        a = status_of(a_url)
         procs["b"], b_url = _join(tmp_path, "b", a_url)
         procs["bad"], bad_id = _bad_peer(tmp_path, a["join_addrs"][-1])
-        _wait(lambda: _status(b_url).get("peer_id"), 180, "b to join", tmp_path)
-        b_id = _status(b_url)["peer_id"]
+        _wait(lambda: status_of(b_url).get("peer_id"), 180, "b to join", tmp_path)
+        b_id = status_of(b_url)["peer_id"]
 
         def trained_with_b_and_rejected_bad() -> bool:
-            s = _status(a_url)
+            s = status_of(a_url)
             used = (s.get("peers") or {}).get(b_id, {}).get("samples_used", 0)
             rounds_with_b = sum(1 for r in _history(a_url) if (r.get("peers") or {}).get(b_id, {}).get("used"))
             return used > 0 and rounds_with_b >= 3 and "foreign_task" in s.get("rejected", {})
@@ -242,7 +236,7 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             return value, "", y
 
         def trust_tile_matches() -> bool:
-            peers = _status(a_url)["peers"]
+            peers = status_of(a_url)["peers"]
             want = sum(1 for p in peers.values() if p.get("trust") == "trusted")
             return trust_tile()[0] == str(want) and any(p.get("trust") for p in peers.values())
 
@@ -291,9 +285,9 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
 
         # /metrics of the same node agrees with what the page drew.
         for _ in range(10):  # read between two rounds, so both answers describe the same one
-            before = _status(a_url)
+            before = status_of(a_url)
             metrics = httpx.get(a_url + "/metrics", timeout=5).text
-            if _status(a_url)["rounds_done"] == before["rounds_done"]:
+            if status_of(a_url)["rounds_done"] == before["rounds_done"]:
                 break
         used_line = f'ftis_peer_samples_used_total{{peer="{b_id}"}} '
         scraped = [line for line in metrics.splitlines() if line.startswith(used_line)]

@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.procs import describe
+from tests.procs import describe, status_of
 from tests.procs import free_port as _free_port
 from tests.procs import p2pd_pids as _p2pd_pids
 
@@ -79,13 +78,6 @@ def _spawn(
     return proc, f"http://127.0.0.1:{api_port}"
 
 
-def _status(url: str) -> dict:
-    try:
-        return httpx.get(url + "/status", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
 def _tails(logs: Path) -> str:
     return json.dumps({p.name: p.read_text()[-2000:] for p in logs.glob("*.log")}, indent=1)
 
@@ -134,9 +126,9 @@ def test_four_processes_exchange_and_survive_a_killed_peer(tmp_path):
             )
         boot, _ = _spawn(tmp_path, "a", "tiny-m", None, expect=3, rounds=None, api_port=boot_port)
         procs["a"], urls["a"] = boot, boot_url
-        _wait(lambda: _status(boot_url).get("join_addrs"), 300, "the bootstrap to join", tmp_path, procs)
+        _wait(lambda: status_of(boot_url).get("join_addrs"), 300, "the bootstrap to join", tmp_path, procs)
         must_run = {"a": boot, "d": procs["d"]}
-        _wait(lambda: (_status(urls["d"]).get("rounds_done") or 0) >= 1, 300, "d's first round", tmp_path, must_run)
+        _wait(lambda: (status_of(urls["d"]).get("rounds_done") or 0) >= 1, 300, "d's first round", tmp_path, must_run)
         procs["d"].send_signal(signal.SIGKILL)  # mid-round: it starts its next one at once
         procs["d"].wait(timeout=30)
         for name in "bc":

@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.procs import free_port
+from tests.procs import free_port, status_of
 
 ROUNDS = 3
 ROUND_SECONDS = 10  # the default 30 s would only make the test slower
@@ -33,13 +32,6 @@ def _spawn(tmp_path: Path, name: str, swarm: str | None, rounds: int) -> tuple[s
     log = open(tmp_path / f"{name}.log", "w")
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), f"http://127.0.0.1:{api_port}"
-
-
-def _status(url: str) -> dict:
-    try:
-        return httpx.get(url + "/status", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
 
 
 def _logs(tmp_path: Path) -> str:
@@ -63,7 +55,7 @@ def test_two_default_nodes_draw_different_prompts_and_completions(tmp_path):
         # numbers: with one seed, the same prompts).
         procs["a"], url_a = _spawn(tmp_path, "a", None, ROUNDS + 20)
         deadline = time.monotonic() + 120
-        while not (addrs := _status(url_a).get("join_addrs")):
+        while not (addrs := status_of(url_a).get("join_addrs")):
             assert time.monotonic() < deadline and procs["a"].poll() is None, _logs(tmp_path)
             time.sleep(0.5)
         procs["b"], _ = _spawn(tmp_path, "b", url_a, ROUNDS)

@@ -11,10 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.procs import free_port
+from tests.procs import free_port, status_of
 from tests.test_tasks_custom import docs_example
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,13 +33,6 @@ def _spawn(cwd: Path, name: str, swarm: str | None, rounds: int) -> tuple[subpro
     return proc, f"http://127.0.0.1:{api_port}"
 
 
-def _status(url: str) -> dict:
-    try:
-        return httpx.get(url + "/status", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
 def _logs(cwd: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in cwd.glob("*.log"))
 
@@ -52,7 +44,7 @@ def test_two_nodes_on_a_py_task_exchange_samples(tmp_path) -> None:
     try:
         procs["a"], url_a = _spawn(tmp_path, "a", None, ROUNDS + 20)  # plays on until b is done
         deadline = time.monotonic() + 180
-        while not _status(url_a).get("join_addrs"):
+        while not status_of(url_a).get("join_addrs"):
             assert time.monotonic() < deadline and procs["a"].poll() is None, _logs(tmp_path)
             time.sleep(0.5)
         procs["b"], _ = _spawn(tmp_path, "b", url_a, ROUNDS)

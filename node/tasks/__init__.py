@@ -23,7 +23,6 @@ ids need the local task passed in ``known``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import parse_qsl
 
 from node.suggest import did_you_mean
 from node.tasks.answer import (
@@ -35,7 +34,7 @@ from node.tasks.answer import (
     parse_number,
     tagged_reward,
 )
-from node.tasks.base import Problem, Rng, Task, TaskError
+from node.tasks.base import Problem, Rng, Task, TaskError, text_options
 from node.tasks.gym import NUMERIC_GYM_DATASETS, GymTask, gym_dataset_names, parse_query
 from node.tasks.hf import HfTask
 from node.tasks.jsonl import JsonlTask
@@ -86,11 +85,7 @@ def get_task(spec: str) -> Task:
         path, _, query = rest.partition("?")
         if not path:
             raise TaskError(f"task spec {spec!r} names no data; e.g. hf:problems.jsonl?prompt=question&answer=answer")
-        try:
-            options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-        except ValueError:
-            raise TaskError(f"task spec {spec!r}: options are key=value pairs joined by '&'") from None
-        return HfTask(path, options)
+        return HfTask(path, text_options(query, spec))
     if kind == "py":
         if not rest:
             raise TaskError(f"task spec {spec!r} names no factory; e.g. py:my_task:make_task")

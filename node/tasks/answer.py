@@ -151,6 +151,11 @@ def _plain_number_as_fraction(s: str) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
+def _math_verify_timeout() -> int | None:
+    """math-verify's timeout uses SIGALRM, which only the main thread may set."""
+    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
 @lru_cache(maxsize=8192)
 def _math_verify_parse(text: str) -> tuple[Any, ...]:
     """math-verify's readings of ``text`` (empty when it finds none, or is not installed)."""
@@ -158,9 +163,8 @@ def _math_verify_parse(text: str) -> tuple[Any, ...]:
         from math_verify import parse
     except ImportError:
         return ()
-    in_main = threading.current_thread() is threading.main_thread()
     body = _plain_number_as_fraction(text).strip().strip("$").strip()
-    return tuple(parse(f"${body}$", parsing_timeout=_MATH_VERIFY_TIMEOUT_S if in_main else None))  # type: ignore[arg-type]
+    return tuple(parse(f"${body}$", parsing_timeout=_math_verify_timeout()))  # type: ignore[arg-type]
 
 
 def math_verify_verdict(predicted: str, reference: str) -> bool | None:
@@ -172,8 +176,7 @@ def math_verify_verdict(predicted: str, reference: str) -> bool | None:
         return None
     from math_verify import verify
 
-    in_main = threading.current_thread() is threading.main_thread()
-    return bool(verify(list(gold), list(pred), timeout_seconds=_MATH_VERIFY_TIMEOUT_S if in_main else None))
+    return bool(verify(list(gold), list(pred), timeout_seconds=_math_verify_timeout()))
 
 
 def answers_match(predicted: str, reference: str) -> bool:

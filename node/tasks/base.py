@@ -87,6 +87,16 @@ def draw_int(rng: Rng, low: int, high: int) -> int:
     raise TypeError(f"rng must be random.Random or numpy.random.Generator, not {type(rng).__name__}")
 
 
+def text_options(query: str, spec: str) -> dict[str, str]:
+    """``a=1&b=x`` -> {"a": "1", "b": "x"} (values kept as text); TaskError naming ``spec`` on a malformed pair."""
+    from urllib.parse import parse_qsl
+
+    try:
+        return dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise TaskError(f"task spec {spec!r}: options are key=value pairs joined by '&'") from None
+
+
 def parse_index(text: str, task_id: str, what: str = "index") -> int:
     """A non-negative decimal integer from an id field, or TaskError naming the id."""
     # ASCII only and no leading zeros, so each index has exactly one spelling.

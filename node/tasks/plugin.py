@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 from typing import Any
-from urllib.parse import parse_qsl
 
-from node.tasks.base import Task, TaskError
+from node.tasks.base import Task, TaskError, text_options
 from node.tasks.rewards import import_object
 
 __all__ = ["ENTRY_POINT_GROUP", "installed_task_kinds", "plugin_task"]
@@ -48,11 +47,7 @@ def plugin_task(spec: str) -> Task:
     target, _, query = spec.partition("?")
     where = f"task factory {target!r}"
     factory = import_object(target, "task factory")
-    try:
-        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        raise TaskError(f"task spec 'py:{spec}': options are key=value pairs joined by '&'") from None
-    return _built(factory, where, **options)
+    return _built(factory, where, **text_options(query, f"py:{spec}"))
 
 
 def entry_point_task(kind: str, rest: str) -> Task:
