@@ -278,7 +278,7 @@ def bench_learn(
 @bench_app.command("swarm-gain")
 def bench_swarm_gain(
     preset: str = typer.Option(
-        "short", help="short (2 nodes, 6 runs, 3.5 h on 2 cores), full, toy, or tiny (a test's)."
+        "short", help="short (2 nodes, 6 runs, 3.5 h on 2 cores), long (short at 40 rounds, 6/2), full, toy, or tiny."
     ),
     work: Path = typer.Option(Path("runs/swarm-gain"), help="Each finished run is saved here; a rerun resumes."),
     out: Path = typer.Option(Path("docs"), help="Where swarm-gain.json, .md and .png go."),

@@ -104,6 +104,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         swarms=["heterogeneous"],
         hetero_temperatures=(0.7, 1.0),
     ),
+    # The short pair for 40 rounds at 6/2, F-TIS first: the notes' (docs/swarm-gain-notes.md)
+    # next step, long enough for the policies to part and with most of each batch the node's own.
+    "long": dict(
+        nodes=2,
+        rounds=40,
+        prompts_per_round=4,
+        group_size=8,
+        max_tokens=32,
+        seeds=[0],
+        shares=[0.25],
+        losses=["f-tis", "nois"],
+        swarms=["heterogeneous"],
+        hetero_temperatures=(0.7, 1.0),
+    ),
     "full": dict(
         nodes=4,
         rounds=40,
