@@ -39,7 +39,7 @@ import numpy as np
 
 from node.admission import Admission
 from node.config import NodeConfig
-from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, mix_groups, to_packet, to_train_batch
+from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, has_signal, mix_groups, to_packet, to_train_batch
 from node.memory import release_memory
 from node.status import NodeStatus, RoundRecord
 from protocol.codec import Limits
@@ -419,7 +419,7 @@ class Node:
             self.status.set_phase("checkpointing", r)
             self.checkpoint(r, background=True)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
-        with_signal = sum(1 for g in used if np.ptp(g.rewards) > 0)
+        with_signal = sum(1 for g in used if has_signal(g))
         notices = self._notices(r, start, used, with_signal, own_rewards, foreign)
         result = RoundResult(
             round=r,

@@ -73,6 +73,12 @@ def mix_groups(
     groups, so a group is one unit of influence whatever its size, and equal turns keep
     a peer with many groups, or with many small ones, from crowding the others out.
 
+    Signal first: a group whose rewards are all equal has zero advantage everywhere, so it adds
+    nothing to the gradient and only dilutes the group average. Each peer's turns give its
+    groups with a reward spread first, and with `replace` the own groups without one are the
+    first to give up their room; a swarm then fills a node's dead groups with a peer's live ones,
+    the gain that sharing at equal generation can bring.
+
     Peer ids cost nothing to make, so turns alone would hand a Sybil with many ids most of
     the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
     node/trust.py) take their turns after the trusted ones, and all of them together carry
@@ -106,7 +112,7 @@ def mix_groups(
     if replace:  # own groups give up the room the peers took, drawn at random
         room = own_seqs - sum(len(g.sequences) for g in chosen)
         picked = []
-        for i in rng.sample(range(len(own)), len(own)):
+        for i in sorted(rng.sample(range(len(own)), len(own)), key=lambda i: not has_signal(own[i])):  # stable
             if len(own[i].sequences) <= room:
                 picked.append(i)
                 room -= len(own[i].sequences)
@@ -128,6 +134,11 @@ def _fingerprint(group: ScoredGroup) -> tuple:
     return (tuple(group.prompt_ids), tuple(sorted(s.text or repr(s.completion_ids) for s in group.sequences)))
 
 
+def has_signal(group: ScoredGroup) -> bool:
+    """Rewards that differ within the group: a nonzero advantage somewhere."""
+    return bool(group.sequences) and float(np.ptp(group.rewards)) > 0
+
+
 def _take_turns(
     groups: list[ScoredGroup],
     budget: float,
@@ -140,7 +151,8 @@ def _take_turns(
     by_source: dict[str, list[ScoredGroup]] = {}
     for group in groups:
         by_source.setdefault(group.source, []).append(group)
-    queues = [rng.sample(gs, len(gs)) for _, gs in sorted(by_source.items())]
+    # Popped from the end: each queue's groups with a signal last, in a random order within (a stable sort).
+    queues = [sorted(rng.sample(gs, len(gs)), key=has_signal) for _, gs in sorted(by_source.items())]
     rng.shuffle(queues)
     if served is not None:
         queues.sort(key=lambda q: served.get(q[0].source, 0))  # stable: ties keep the random order

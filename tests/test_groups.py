@@ -80,3 +80,18 @@ def test_newcomers_together_get_one_group_where_their_share_rounds_to_none():
     sybils = [group(f"sybil{k}", 100 * k + i, size=2) for k in range(6) for i in range(4)]
     batch, _ = mix_groups(own, joiner + sybils, 0.5, random.Random(1), trusted=set(), probation_share=0.1)
     assert len(batch) == 9  # made-up ids share the same one group
+
+
+def test_replace_gives_up_dead_own_groups_first_and_takes_live_peer_groups_first():
+    """A group with equal rewards has no advantage anywhere: at a fixed batch, a peer's live
+    groups take the room of the node's dead ones, never the other way round."""
+    dead, live = [0.0] * 4, [0.0, 1.0, 0.0, 1.0]
+    own = [group(SELF, i, rewards=live if i < 2 else dead) for i in range(8)]  # 2 live, 6 dead
+    peers = [group("p", 100 + i, rewards=dead if i < 6 else live) for i in range(8)]  # 2 live among 8
+    for seed in range(10):
+        batch, left_out = mix_groups(own, peers, 0.25, random.Random(seed), replace=True)
+        taken = [g for g in batch if g.source != SELF]
+        kept = [g for g in batch if g.source == SELF]
+        assert len(batch) == 8 and len(taken) == 2 and left_out == 6
+        assert all(float(np.ptp(g.rewards)) > 0 for g in taken)  # the peer's 2 live groups
+        assert own[0] in kept and own[1] in kept  # both own live groups stay; 2 dead ones went
