@@ -39,7 +39,16 @@ import numpy as np
 
 from node.admission import Admission
 from node.config import NodeConfig
-from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, has_signal, mix_groups, to_packet, to_train_batch
+from node.groups import (
+    SELF,
+    ScoredGroup,
+    ScoredSequence,
+    drop_copies,
+    has_signal,
+    mix_groups,
+    to_packet,
+    to_train_batch,
+)
 from node.memory import release_memory
 from node.status import NodeStatus, RoundRecord
 from protocol.codec import Limits
