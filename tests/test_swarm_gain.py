@@ -53,6 +53,15 @@ def test_tiny_preset_runs_every_configuration_and_resumes(tmp_path):
     assert "homogeneous-nois-0.5-s0: round 1/3" in again.output
     assert json.loads((out / "swarm-gain.json").read_text())["runs_done"] == 3
 
+    # An isolation run cut after its first node resumes at the second: each node is saved as it finishes.
+    assert len(list((work / "runs" / "alone").glob("*.json"))) == 2
+    (work / "runs" / "homogeneous-alone-0-s0.json").unlink()
+    (next((work / "runs" / "alone").glob("*seed1.json"))).unlink()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "homogeneous-alone-0-s0 node 0: round" not in again.output
+    assert "homogeneous-alone-0-s0 node 1: round 3/3" in again.output
+
     # Other settings in the same work folder are refused, not mixed in.
     other = CliRunner().invoke(app, [*args, "--rounds", "4"])
     assert other.exit_code == 2 and "holds runs of other settings" in other.output

@@ -391,7 +391,8 @@ def run_swarm_gain(
 
 
 def _isolation_nodes(s, runs_dir, temps, seeds, seed, evals, before_cache, say, key) -> list[dict[str, Any]]:
-    """Isolation nodes are independent: each runs alone, and a node already run in the other
+    """Isolation nodes are independent: each runs alone and is saved as it finishes (under
+    `runs/alone/`, so a cut run resumes at the next node), and a node already run in the other
     swarm's isolation (same temperature and seed) is taken from there."""
     done = {}
     for other in SWARMS:
@@ -399,6 +400,11 @@ def _isolation_nodes(s, runs_dir, temps, seeds, seed, evals, before_cache, say, 
         if path.exists():
             for n in json.loads(path.read_text())["nodes"]:
                 done[(n["temperature"], n["seed"])] = n
+    singles = runs_dir / "alone"
+    singles.mkdir(exist_ok=True)
+    for path in singles.glob("*.json"):
+        n = json.loads(path.read_text())
+        done.setdefault((n["temperature"], n["seed"]), n)
     nodes = []
     for i, (temp, node_seed) in enumerate(zip(temps, seeds)):
         if (temp, node_seed) in done:
@@ -415,6 +421,7 @@ def _isolation_nodes(s, runs_dir, temps, seeds, seed, evals, before_cache, say, 
             say=say,
             label=f"{key} node {i}",
         )
+        (singles / f"T{temp:g}-seed{node_seed}.json").write_text(json.dumps(one, indent=1))
         nodes.append(one | {"node": i})
     return nodes
 
