@@ -100,6 +100,7 @@ class Node:
         self.rounds_played = 0  # rounds begun in this run
         self._dirty = False  # trained since the last checkpoint
         self._rounds_unsaved = 0  # rounds played since the last durable checkpoint
+        self._reward_faults_seen = 0  # bad --reward values counted before this round
         self._has_checkpoint = False  # none yet: the first trained round writes one, so export works at once
         self.checkpoints = None  # the CheckpointWriter: round checkpoints are written in the background
 
@@ -429,7 +430,8 @@ class Node:
             self.checkpoint(r, background=True)
         own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         with_signal = sum(1 for g in used if has_signal(g))
-        notices = self._notices(r, start, used, with_signal, own_rewards, foreign)
+        faults = getattr(self.task, "fault_summary", lambda: None)()  # a --reward task's bad values
+        notices = self._notices(r, start, used, with_signal, own_rewards, foreign) + self._reward_notices(faults)
         result = RoundResult(
             round=r,
             reward_mean=float(own_rewards.mean()) if own_rewards.size else 0.0,
@@ -443,8 +445,8 @@ class Node:
             notices=notices,
         )
         self.status.set(notices=notices)
-        if (faults := getattr(self.task, "fault_summary", None)) is not None:  # a --reward task's bad values
-            self.status.set(reward_faults=faults())
+        if faults is not None:
+            self.status.set(reward_faults=faults)
         self.status.record_round(
             RoundRecord(
                 round=r,
@@ -504,6 +506,19 @@ class Node:
                     f"this round took {seconds:.3g} s, longer than its {bucket:g} s bucket{skipped}: {advice}"
                 )
         return notices
+
+    def _reward_notices(self, faults: dict | None) -> list[str]:
+        """A warning in the rounds whose --reward values were bad (they scored 0 or were clamped)."""
+        total = sum(v for k, v in (faults or {}).items() if k != "last")
+        new, self._reward_faults_seen = total - self._reward_faults_seen, total
+        if new <= 0:
+            return []
+        assert faults is not None
+        counts = ", ".join(f"{k} {v}" for k, v in faults.items() if k != "last")
+        return [
+            f"{new} --reward value(s) this round were bad and scored 0 (outside [0, 1]: clamped); "
+            f"so far {counts}; last: {faults['last']}"
+        ]
 
     def _write_status_file(self) -> None:
         """`<data dir>/status.json`: what GET /status says, kept after the node has stopped."""

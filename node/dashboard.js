@@ -195,7 +195,12 @@ function drawProgress() {
 
 // What the node warns about its last round (nothing to learn from, an overrun bucket).
 function drawNotices(s) {
-  const notices = Array.isArray(s.notices) ? s.notices : [];
+  const notices = Array.isArray(s.notices) ? s.notices.slice() : [];
+  const faults = s.reward_faults && typeof s.reward_faults === "object" ? s.reward_faults : null;
+  if (faults) {  // kept for the whole run, unlike a round's notices
+    const counts = Object.entries(faults).filter(([k]) => k !== "last").map(([k, v]) => `${k} ${v}`).join(", ");
+    notices.push(`reward faults: ${counts} (last: ${faults.last})`);
+  }
   $("notices").replaceChildren(...notices.map(n => el("div", { class: "notice" }, String(n))));
   $("notices").hidden = notices.length === 0;
 }

@@ -41,6 +41,12 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def reward_faults_line(faults: dict[str, Any]) -> str:
+    """`failed 3, none 1 (last: ...)`: the --reward values that scored 0 or were clamped."""
+    counts = ", ".join(f"{safe(k)} {safe(v)}" for k, v in faults.items() if k != "last")
+    return f"{counts} (last: {safe(faults.get('last'), 300)})"
+
+
 def fetch_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
     """{"url", "status", "history", "swarm"}; history and swarm are empty if the node has none.
 
@@ -201,6 +207,8 @@ def render(view: dict[str, Any], error: str | None = None, width: int = 120) -> 
         parts.append(Text(progress_line(s), style="dim"))
     for notice in s.get("notices") or []:
         parts.append(Text(f"warning: {safe(notice, 400)}", style="yellow"))
+    if isinstance(faults := s.get("reward_faults"), dict):  # kept for the whole run, unlike a round's notices
+        parts.append(Text(f"reward faults: {reward_faults_line(faults)}", style="yellow"))
     if error:
         parts.append(Text(f"unreachable: {safe(error, 300)} (showing the last answer; retrying)", style="bold red"))
     parts.append(_summary(s, history, wide))

@@ -344,6 +344,18 @@ def test_the_nodes_warnings_show_on_the_page_as_text(tmp_path):
         assert shown == notices and driver.find_elements(By.TAG_NAME, "img") == []
         status.set(notices=[])  # the next round had nothing to say: the box goes away
         _wait(lambda: not driver.find_element(By.ID, "notices").is_displayed(), 20, "the notices to clear", tmp_path)
+        # Bad --reward values stay on the page for the run, not only in the round that had them.
+        status.set(reward_faults={"failed": 3, "clamped": 1, "last": f"my:f raised {MARKUP}"})
+
+        def fault_line() -> list[str]:
+            # Read in the script that finds them: the page replaces the box every poll.
+            return driver.execute_script(
+                "return [...document.querySelectorAll('#notices .notice')].map(e => e.textContent)"
+            )
+
+        _wait(lambda: fault_line() != [], 20, "the reward faults", tmp_path)
+        assert fault_line() == [f"reward faults: failed 3, clamped 1 (last: my:f raised {MARKUP})"]
+        assert driver.find_elements(By.TAG_NAME, "img") == []
     finally:
         driver.quit()
         server.stop()

@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from node.cli import app
 from tests.test_tasks_custom import docs_example, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,25 +33,20 @@ def ftis(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedPro
     )
 
 
+def train_rounds(cwd: Path, rounds: int, *args: str) -> dict:
+    """`ftis-node train` with the small rounds for `rounds` rounds: its status.json, once it exited 0."""
+    done = ftis(cwd, *SHORT, *args, "--rounds", str(rounds), "--data-dir", str(cwd / "n"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    status = json.loads((cwd / "n" / "status.json").read_text())
+    assert status["rounds_done"] == rounds and status["phase"] == "stopped"
+    return status
+
+
 @pytest.mark.timeout(900)
 def test_own_data_and_reward_train_two_rounds(tmp_path) -> None:
     write_rows(tmp_path / "problems.jsonl")
     (tmp_path / "my_rewards.py").write_text(docs_example("my_rewards.py"))
-    done = ftis(
-        tmp_path,
-        *SHORT,
-        "--task",
-        "hf:problems.jsonl?prompt=q&answer=a",
-        "--reward",
-        "my_rewards:exact",
-        "--rounds",
-        "2",
-        "--data-dir",
-        str(tmp_path / "n"),
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    status = json.loads((tmp_path / "n" / "status.json").read_text())
-    assert status["rounds_done"] == 2 and status["phase"] == "stopped"
+    status = train_rounds(tmp_path, 2, "--task", "hf:problems.jsonl?prompt=q&answer=a", "--reward", "my_rewards:exact")
     assert status["task"] == "hf:problems.jsonl?prompt=q&answer=a"
     assert status.get("reward_faults") is None  # the docs' function returned a good value every time
 
@@ -57,12 +54,7 @@ def test_own_data_and_reward_train_two_rounds(tmp_path) -> None:
 @pytest.mark.timeout(900)
 def test_the_docs_task_trains_three_rounds(tmp_path) -> None:
     (tmp_path / "my_task.py").write_text(docs_example("my_task.py"))
-    done = ftis(
-        tmp_path, *SHORT, "--task", "py:my_task:make?limit=20", "--rounds", "3", "--data-dir", str(tmp_path / "n")
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    status = json.loads((tmp_path / "n" / "status.json").read_text())
-    assert status["rounds_done"] == 3 and status["phase"] == "stopped"
+    train_rounds(tmp_path, 3, "--task", "py:my_task:make?limit=20")
 
 
 BAD_INPUT = {
@@ -115,20 +107,13 @@ def test_a_reward_that_fails_is_counted_and_the_run_goes_on(tmp_path) -> None:
         "        raise ValueError('odd length')\n"
         "    return [float('nan')]\n"
     )
-    done = ftis(
-        tmp_path,
-        *SHORT,
-        "--task",
-        "toy",
-        "--reward",
-        "my_flaky:flaky",
-        "--rounds",
-        "2",
-        "--data-dir",
-        str(tmp_path / "n"),
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    status = json.loads((tmp_path / "n" / "status.json").read_text())
+    status = train_rounds(tmp_path, 2, "--task", "toy", "--reward", "my_flaky:flaky")
     faults = status["reward_faults"]
-    assert status["rounds_done"] == 2 and faults["failed"] == 2 * 2 * 4  # every completion of both rounds
+    assert faults["failed"] == 2 * 2 * 4  # every completion of both rounds
     assert "my_flaky:flaky" in faults["last"]
+    # The operator sees it: a warning in the round that had them, and the count in `ftis-node status`.
+    assert any("8 --reward value(s) this round were bad" in n for n in status["notices"]), status["notices"]
+    shown = CliRunner().invoke(app, ["status", str(tmp_path / "n")], env={"COLUMNS": "120"})
+    assert "reward faults: failed 16 (last: my_flaky:flaky raised ValueError: odd length" in shown.output or (
+        "reward faults: failed 16 (last: my_flaky:flaky returned nan" in shown.output
+    ), shown.output
