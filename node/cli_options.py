@@ -8,6 +8,8 @@ setting's default, its choices, and the environment variable and YAML key that s
 from __future__ import annotations
 
 import inspect
+import shutil
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -51,8 +53,34 @@ def _help_all(ctx: typer.Context, value: bool) -> None:
         return
     for param in ctx.command.params:
         param.hidden = False
-    typer.echo(ctx.get_help())
+    typer.echo(plain_help(ctx, shutil.get_terminal_size().columns))
     raise typer.Exit()
+
+
+def plain_help(ctx: typer.Context, columns: int) -> str:
+    """Every option by panel, its flags on one line and its help wrapped below them: at any
+    width nothing is cut (rich's tables shorten a long default or flag to fit a column)."""
+    width = max(40, min(columns, 100))
+
+    def wrapped(text: str, indent: str) -> list[str]:
+        return textwrap.wrap(
+            text, width, initial_indent=indent, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+        )
+
+    lines = [f"Usage: {ctx.command_path} [OPTIONS]", ""]
+    for paragraph in inspect.cleandoc(ctx.command.help or "").split("\n\n"):
+        lines += [*wrapped(" ".join(paragraph.split()), ""), ""]
+    panels: dict[str, list[str]] = {}
+    for param in ctx.command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        flags, help_text = record
+        entry = panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", [])
+        entry += [f"  {flags}", *wrapped(help_text.replace("\\[", "["), " " * 6)]
+    for panel, entries in panels.items():
+        lines += [panel, *entries, ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 class CliError(ClickException):

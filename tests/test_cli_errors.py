@@ -252,9 +252,10 @@ def test_help_and_version(tmp_path):
     assert short.exit_code == 0 and "--swarm" in short.output and "--help-all" in short.output
     assert len(short.output.splitlines()) <= 70 and "…" not in short.output, short.output
     assert "--screen-logprob-floor" not in short.output
-    every = runner.invoke(app, ["join", "--help-all"], env={"COLUMNS": "200"})
+    every = runner.invoke(app, ["join", "--help-all"], env={"COLUMNS": "80"})
     assert every.exit_code == 0 and "--screen-logprob-floor" in every.output and "…" not in every.output
-    text = " ".join(every.output.split())  # rich wraps and pads lines
+    assert max(map(len, every.output.splitlines())) <= 80, every.output  # wrapped, every word whole
+    text = " ".join(every.output.split())
     for expected in (
         "Learning rate. (env FTIS_LR, yaml lr) [default: 1e-6 full, 2e-4 LoRA]",
         "[default: 2.0]",
