@@ -37,9 +37,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from node.defence.screen import ScreenConfig
+from node.defence.trust import TrustConfig
 from node.groups import PROBATION_SHARE
-from node.screen import ScreenConfig
-from node.trust import TrustConfig
 from protocol import MAX_DISPLAY_NAME_CHARS, Limits, ProtocolError
 from protocol.keys import validate_swarm_id
 
@@ -80,16 +80,16 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "max_peers_per_round": ("node.swarm.dht", "SwarmConfig", "max_peers_per_round"),
     "shards": ("node.swarm.dht", "SwarmConfig", "shards"),
     "max_packet_bytes": ("node.swarm.dht", "SwarmConfig", "max_packet_bytes"),
-    "screen_logprob_floor": ("node.screen", "ScreenConfig", "logprob_floor"),
-    "screen_top_k": ("node.screen", "ScreenConfig", "support_top_k"),
-    "screen_max_run": ("node.screen", "ScreenConfig", "max_run"),
-    "screen_max_flagged": ("node.screen", "ScreenConfig", "max_flagged"),
-    "claim_margin": ("node.screen", "ScreenConfig", "claim_margin"),
-    "probation_rounds": ("node.trust", "TrustConfig", "probation_rounds"),
-    "quarantine_fraction": ("node.trust", "TrustConfig", "quarantine_fraction"),
-    "quarantine_after": ("node.trust", "TrustConfig", "quarantine_after"),
-    "quarantine_rounds": ("node.trust", "TrustConfig", "quarantine_rounds"),
-    "trust_groups": ("node.trust", "TrustConfig", "trust_groups"),
+    "screen_logprob_floor": ("node.defence.screen", "ScreenConfig", "logprob_floor"),
+    "screen_top_k": ("node.defence.screen", "ScreenConfig", "support_top_k"),
+    "screen_max_run": ("node.defence.screen", "ScreenConfig", "max_run"),
+    "screen_max_flagged": ("node.defence.screen", "ScreenConfig", "max_flagged"),
+    "claim_margin": ("node.defence.screen", "ScreenConfig", "claim_margin"),
+    "probation_rounds": ("node.defence.trust", "TrustConfig", "probation_rounds"),
+    "quarantine_fraction": ("node.defence.trust", "TrustConfig", "quarantine_fraction"),
+    "quarantine_after": ("node.defence.trust", "TrustConfig", "quarantine_after"),
+    "quarantine_rounds": ("node.defence.trust", "TrustConfig", "quarantine_rounds"),
+    "trust_groups": ("node.defence.trust", "TrustConfig", "trust_groups"),
 }
 
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from node.admission import Admission
 from node.config import NodeConfig
+from node.defence.admission import Admission
 from node.groups import (
     SELF,
     ScoredGroup,
@@ -50,7 +50,7 @@ from node.groups import (
     to_train_batch,
 )
 from node.memory import release_memory
-from node.status import NodeStatus, RoundRecord
+from node.serving.status import NodeStatus, RoundRecord
 from protocol.codec import Limits
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Node:
 
         self.checkpoints = CheckpointWriter()
         self._resume()
-        from node.trust import TrustBook
+        from node.defence.trust import TrustBook
 
         self.trust = TrustBook(cfg.trust_config)
         self.admission = Admission(
@@ -166,7 +166,7 @@ class Node:
             limits=Limits(max_bytes=cfg.max_packet_bytes),  # the swarm's packet limit too: one limit
         )
         if cfg.api_port is not None:
-            from node.api import ApiServer
+            from node.serving.api import ApiServer
 
             self.api = ApiServer(self.status, host=cfg.api_host, port=cfg.api_port).start()
             self.status.set(api_url=self.api.url)
@@ -180,12 +180,12 @@ class Node:
 
     def _screens(self) -> list:
         """The screening stages of admission, cheapest first (docs/security.md)."""
-        from node.screen import PlausibilityScreen
+        from node.defence.screen import PlausibilityScreen
 
         cfg = self.cfg
         screens: list = [PlausibilityScreen(cfg.screen_config)] if cfg.screen else []
         if cfg.judge_model:
-            from node.judge import JudgeScreen, ModelJudge
+            from node.defence.judge import JudgeScreen, ModelJudge
 
             self.status.set_phase("loading judge")
             judge = ModelJudge(cfg.judge_model, device=cfg.device)
@@ -498,7 +498,7 @@ class Node:
             seconds, bucket = time.time() - start, self.cfg.round_seconds
             late = round_at(self.swarm.dht_time(), bucket) - r - 1  # buckets that passed unplayed
             if seconds > bucket or late > 0:
-                from node.progress import overrun_advice
+                from node.console.progress import overrun_advice
 
                 skipped = f", so {late} round(s) of the swarm went by without this node" if late > 0 else ""
                 advice = overrun_advice(self.status.phase_seconds(), seconds, bucket, self.cfg)
@@ -738,7 +738,7 @@ class Node:
     def _local_view(self, prompt_ids, completions, temperature, top_k, top_p):
         """Our log-prob and rank of each token of `completions` (the screen's input): no autograd,
         and the output head a chunk of positions at a time, so no [tokens, vocab] logits stay."""
-        from node.screen import TokenView
+        from node.defence.screen import TokenView
         from node.train.logprobs import completion_views
 
         rows = completion_views(

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # torch stays out of this module's import
     from protocol import PacketHeader, RolloutPacket, SamplingParams
 
 SELF = "self"
-# All not-yet-trusted peers together take at most this share of a batch (node/trust.py).
+# All not-yet-trusted peers together take at most this share of a batch (node/defence/trust.py).
 PROBATION_SHARE = 0.1
 
 
@@ -81,7 +81,7 @@ def mix_groups(
 
     Peer ids cost nothing to make, so turns alone would hand a Sybil with many ids most of
     the batch. With `trusted` given, the peers NOT in it (new identities on probation, see
-    node/trust.py) take their turns after the trusted ones, and all of them together carry
+    node/defence/trust.py) take their turns after the trusted ones, and all of them together carry
     at most `probation_share` of the loss (of the batch's groups), or one group where that
     share rounds down to none; the least `served` of them (groups trained on so far, the
     volume trust asks for) go first, so n identities share the pool evenly and each earns

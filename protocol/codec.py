@@ -79,7 +79,7 @@ of CPU and 249 MiB before these bounds, are rejected in under 1 ms. A valid pack
 heap per token to decode (1,000,000 tokens: 7.7 MiB, 1.7 ms of CPU).
 
 What the decoder does not check, because it depends on the receiver, is admission's
-job (node/admission.py): token ids against the receiver's own vocabulary, completion
+job (node/defence/admission.py): token ids against the receiver's own vocabulary, completion
 lengths against its positions (an empty completion is valid on the wire), whether the
 declared sampling parameters are sane for training (a temperature of 1e-300 is > 0),
 the task ids, and the swarm, round and sender of the header.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from node.status import NodeStatus, RoundRecord
+from node.serving.status import NodeStatus, RoundRecord
 
 PEER_M = "12D3KooWPeerMediumModel000001"
 PEER_L = "12D3KooWPeerLargeModel0000002"

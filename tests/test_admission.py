@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from node.admission import GRAFT_MIN_WEIGHT, Admission
+from node.defence.admission import GRAFT_MIN_WEIGHT, Admission
+from node.defence.screen import score_completions
 from node.models import tokenizer_fingerprint
-from node.screen import score_completions
 from node.tasks import get_task
 from node.train.logprobs import sequence_logprobs
 from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode

@@ -3,8 +3,8 @@
 import httpx
 import pytest
 
-from node.api import ApiServer
-from node.status import NodeStatus, RoundRecord
+from node.serving.api import ApiServer
+from node.serving.status import NodeStatus, RoundRecord
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ def test_bench_learn_sweeps_learning_rates_from_one_start(tmp_path):
     args += ["--eval-problems", "4", "--eval-samples", "2", "--lr", "2e-4", "--lr", "1e-3", "--json-out", str(out)]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=280, env=env
+        [sys.executable, "-m", "node.console.cli", *args], capture_output=True, text=True, timeout=280, env=env
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -33,13 +33,15 @@ MID_ROUND = {"generating", "publishing", "gathering", "training", "loading weigh
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+        [sys.executable, "-m", "node.console.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
     )
 
 
 def _spawn(log: Path, *args: str) -> subprocess.Popen:
     out = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "node.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=ENV)
+    return subprocess.Popen(
+        [sys.executable, "-m", "node.console.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=ENV
+    )
 
 
 def _wait(predicate, timeout: float, what: str, log: Path):
@@ -216,7 +218,7 @@ def test_a_restart_without_checkpoints_says_what_it_lost(three_checkpoints, tmp_
     shutil.rmtree(data / "checkpoints")
     from typer.testing import CliRunner
 
-    from node.cli import app
+    from node.console.cli import app
 
     refused = CliRunner().invoke(app, ["train", *SMALL, "--data-dir", str(data), "--rounds", "4", "--resume"])
     assert refused.exit_code == 2 and "--resume: no checkpoint in" in refused.output
@@ -276,7 +278,7 @@ def test_no_usable_checkpoint_refuses_to_start(three_checkpoints, tmp_path):
     # Corrupt or not, checkpoints are never trained over unasked (refused before any loading).
     from typer.testing import CliRunner
 
-    from node.cli import app
+    from node.console.cli import app
 
     unasked = CliRunner().invoke(app, ["train", *SMALL, "--data-dir", str(data), "--rounds", "5"])
     assert unasked.exit_code == 2 and "pass --resume to continue" in unasked.output

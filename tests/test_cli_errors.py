@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
 from node.config import SOURCES, NodeConfig
+from node.console.cli import app
 from tests.procs import free_port as _free_port
 
 # One bad value for every setting that has a bound or a list of choices (its own or its owner's).
@@ -161,7 +161,7 @@ def _cli(
     env = {k: v for k, v in env.items() if v is not None}
     start = time.monotonic()
     done = subprocess.run(
-        [*prefix, sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300, env=env
+        [*prefix, sys.executable, "-m", "node.console.cli", *args], capture_output=True, text=True, timeout=300, env=env
     )
     return done, time.monotonic() - start
 
@@ -336,7 +336,7 @@ def test_hub_alias_loads_fast_when_the_hub_is_down(monkeypatch, tmp_path):
 
 
 def test_a_path_that_exists_is_not_taken_for_a_hub_id(tmp_path: Path):
-    from node.progress import join_model
+    from node.console.progress import join_model
 
     assert join_model("qwen2.5-1.5b") == "qwen2.5-1.5b"
     assert join_model(str(tmp_path)) == "tiny-s"
@@ -347,7 +347,7 @@ def test_the_printed_join_line_runs_as_typed_with_this_nodes_task():
     gym spec holds '?' and '&', which a shell would otherwise take."""
     import shlex
 
-    from node.progress import join_line
+    from node.console.progress import join_line
 
     line = join_line("tiny-s", "gym:chain_sum?max_terms=2&max_digits=1", "http://127.0.0.1:8470")
     assert "'gym:chain_sum?max_terms=2&max_digits=1'" in line

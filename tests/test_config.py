@@ -5,8 +5,8 @@ import inspect
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
 from node.config import NodeConfig
+from node.console.cli import app
 
 
 def test_precedence_flags_env_yaml(tmp_path, monkeypatch):
@@ -62,7 +62,7 @@ def test_defaults_agree_with_the_modules_that_own_them():
         Sampling.model_fields["max_tokens"].default,
         Sampling.model_fields["temperature"].default,
     )
-    from node.admission import Admission
+    from node.defence.admission import Admission
     from node.experiment.exchange import InProcessExchange
     from node.swarm.dht import SwarmConfig
     from protocol.keys import STALE_ROUNDS

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from rich.spinner import Spinner
 
-from node.api import ApiServer
 from node.config import NodeConfig
+from node.console.progress import phase_text, round_label
 from node.daemon import Node
-from node.progress import phase_text, round_label
-from node.status import NodeStatus
+from node.serving.api import ApiServer
+from node.serving.status import NodeStatus
 from node.tasks import get_task
 
 
@@ -189,7 +189,12 @@ def _run_in_terminal(args: list[str]) -> str:
     master, slave = pty.openpty()
     env = os.environ | {"COLUMNS": "250", "LINES": "50", "TERM": "xterm", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+        [sys.executable, "-m", "node.console.cli", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        close_fds=True,
     )
     os.close(slave)
     chunks = []

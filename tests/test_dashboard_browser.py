@@ -95,7 +95,7 @@ def ensure_chromium() -> None:
 
 def _join(tmp_path: Path, name: str, swarm: str | None):
     api_port = _free_port()
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", name, "--model", "tiny-s"]
+    cmd = [sys.executable, "-m", "node.console.cli", "join", "--name", name, "--model", "tiny-s"]
     cmd += ["--data-dir", str(tmp_path / name), "--swarm-id", "dash", "--host", "127.0.0.1", "--port", "0"]
     cmd += ["--api-port", str(api_port), "--round-seconds", str(ROUND_SECONDS), "--gather-seconds", str(GATHER_SECONDS)]
     cmd += ["--expect-peers", "2", "--prompts-per-round", "2", "--group-size", "4", "--max-tokens", "8"]
@@ -328,8 +328,8 @@ def test_the_nodes_warnings_show_on_the_page_as_text(tmp_path):
     ensure_chromium()
     from selenium.webdriver.common.by import By
 
-    from node.api import ApiServer
-    from node.status import NodeStatus
+    from node.serving.api import ApiServer
+    from node.serving.status import NodeStatus
     from tests.observed import fill_status
 
     status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=2)

@@ -8,7 +8,7 @@ import sys
 
 from rich.console import Console
 
-from node.demo import Demo
+from node.console.demo import Demo
 
 
 def test_last_table_shows_the_final_state(tmp_path):
@@ -41,7 +41,7 @@ def test_last_table_shows_the_final_state(tmp_path):
 def test_a_node_that_exits_before_its_first_round_stops_the_demo_with_its_last_log_line(tmp_path):
     import pytest
 
-    from node.demo import NodeFailed
+    from node.console.demo import NodeFailed
 
     demo = Demo(nodes=2, rounds=3, workdir=tmp_path, console=Console(width=200, record=True))
     first, second = demo.roster

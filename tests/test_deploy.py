@@ -24,10 +24,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from node.api import ApiServer
-from node.cli import app
 from node.config import DEFAULT_API_PORT
-from node.status import NodeStatus
+from node.console.cli import app
+from node.serving.api import ApiServer
+from node.serving.status import NodeStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILES = sorted((ROOT / "docker").glob("compose*.yml"))

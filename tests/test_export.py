@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from node.cli import app
 from node.config import NodeConfig
+from node.console.cli import app
 from node.daemon import Node
 
 PROBE = [[0, 5, 9, 13, 2, 7, 11]]

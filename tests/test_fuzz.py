@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from node.admission import Admitted
 from node.bench.fuzz import PEER, ROUND, build_target, run_fuzz
 from node.bench.fuzz_cases import _MUTATIONS, hostile_cases, make_seed
 from node.bench.fuzz_oracle import admission_violations, spec_is_cheap, spec_violation, unsafe_violations
+from node.defence.admission import Admitted
 from node.groups import ScoredGroup, ScoredSequence
 from protocol import decode, encode
 
@@ -168,7 +168,7 @@ def test_unsafe_oracle_flags_each_rule(target) -> None:
 
 
 def test_bench_fuzz_command(tiny_model_dir: Path) -> None:
-    from node.cli import app
+    from node.console.cli import app
 
     result = CliRunner().invoke(
         app,

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from node.bench.memory import _QWEN_COMMON, QWEN_SHAPES
 from node.config import NodeConfig
+from node.console.preflight import PreflightError, check_memory
 from node.memory import (
     CPU_MICRO_BATCH,
     MICRO_BATCH_CHOICES,
@@ -24,7 +25,6 @@ from node.memory import (
     release_memory,
     reset_peak_rss,
 )
-from node.preflight import PreflightError, check_memory
 
 
 def _params_of(config) -> int:
@@ -103,7 +103,7 @@ def test_the_cli_prints_one_error_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "node.cli",
+            "node.console.cli",
             "train",
             "--model",
             str(folder),

@@ -16,8 +16,8 @@ import torch
 from transformers import GenerationConfig
 
 import node.train.logprobs as logprobs_module
+from node.defence.screen import score_completions
 from node.rollout import Sampling, make_engine
-from node.screen import score_completions
 from node.train.logprobs import _split, completion_views, sampling_logprobs, sequence_logprobs, sequence_view
 from node.train.trainer import Trainer, TrainerConfig
 from tests.test_trainer import make_batch

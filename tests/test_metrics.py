@@ -6,9 +6,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.api import ApiServer
-from node.metrics import OTHER, UNATTRIBUTED, NodeMetrics, peer_families
-from node.status import NodeStatus
+from node.serving.api import ApiServer
+from node.serving.metrics import OTHER, UNATTRIBUTED, NodeMetrics, peer_families
+from node.serving.status import NodeStatus
 from tests.observed import PEER_L, PEER_M, PEER_NAMES, fill_status
 
 

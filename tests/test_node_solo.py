@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
 from node.config import NodeConfig
+from node.console.cli import app
 from node.daemon import Node
 from node.experiment.evaluate import eval_set, sampled_reward_mean
 
@@ -153,7 +153,7 @@ def test_a_first_run_prints_no_third_party_progress_bars(tmp_path):
     args = ["train", "--model", "tiny-s", "--rounds", "1", "--prompts-per-round", "2", "--group-size", "4"]
     args += ["--max-tokens", "8", "--threads", "1", "--data-dir", str(tmp_path / "node")]
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-m", "node.console.cli", *args], capture_output=True, text=True, timeout=600, env=env
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert any((tmp_path / "cache" / "models").iterdir()), "the model was not built in the fresh cache"

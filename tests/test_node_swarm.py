@@ -39,7 +39,7 @@ def _spawn(
     cmd = [
         sys.executable,
         "-m",
-        "node.cli",
+        "node.console.cli",
         "join",
         "--name",
         name,
@@ -170,7 +170,7 @@ def test_bad_bootstrap_addresses_fail_fast_with_one_clear_line(tmp_path):
         cmd = [
             sys.executable,
             "-m",
-            "node.cli",
+            "node.console.cli",
             "join",
             "--model",
             "tiny-s",

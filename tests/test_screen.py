@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from node.admission import Admission
-from node.judge import JudgeScreen, ModelJudge
+from node.defence.admission import Admission
+from node.defence.judge import JudgeScreen, ModelJudge
+from node.defence.screen import (
+    PlausibilityScreen,
+    ScreenConfig,
+    TokenView,
+    honest_claims,
+    longest_run,
+    score_completions,
+)
 from node.models import load_model, tokenizer_fingerprint
-from node.screen import PlausibilityScreen, ScreenConfig, TokenView, honest_claims, longest_run, score_completions
 from node.tasks import get_task
 from node.train.logprobs import sequence_logprobs
 from protocol import Completion, Group, PacketHeader, RolloutPacket, SamplingParams, encode

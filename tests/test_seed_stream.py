@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
 from node.config import NodeConfig
+from node.console.cli import app
 from node.daemon import Node, seed_of_peer
 from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, mix_groups
 

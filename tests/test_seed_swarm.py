@@ -24,7 +24,7 @@ ROUND_SECONDS = 10  # the default 30 s would only make the test slower
 
 def _spawn(tmp_path: Path, name: str, swarm: str | None, rounds: int) -> tuple[subprocess.Popen, str]:
     api_port = free_port()
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", name, "--data-dir", str(tmp_path / name)]
+    cmd = [sys.executable, "-m", "node.console.cli", "join", "--name", name, "--data-dir", str(tmp_path / name)]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--api-port", str(api_port), "--threads", "1"]
     cmd += ["--round-seconds", str(ROUND_SECONDS), "--rounds", str(rounds)]
     if swarm:

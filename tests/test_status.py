@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.status import NodeStatus, RoundRecord
+from node.serving.status import NodeStatus, RoundRecord
 from tests.observed import MARKUP, PEER_L, PEER_M, fill_status
 
 
@@ -127,7 +127,7 @@ def test_a_status_file_whose_node_is_gone_reads_as_stopped(tmp_path):
     import subprocess
     import sys
 
-    from node.status import read_status_file
+    from node.serving.status import read_status_file
 
     status = fill_status(NodeStatus(name="n", model="m", task="t", loss="f-tis"), rounds=2)
     status.set_phase("loading weights", 1001)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from node.api import ApiServer
-from node.status import NodeStatus
-from node.status_view import normalize_url, safe, sparkline
+from node.console.status_view import normalize_url, safe, sparkline
+from node.serving.api import ApiServer
+from node.serving.status import NodeStatus
 from tests.observed import PEER_L, PEER_M, fill_status
 
 ENV = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
@@ -23,7 +23,11 @@ ENV = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", "status", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+        [sys.executable, "-m", "node.console.cli", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
     )
 
 
@@ -95,7 +99,18 @@ def test_watch_keeps_going_when_the_node_goes_away_and_stops_on_ctrl_c(served):
 
     status.snapshot = counted
     proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "status", server.url, "--watch", "--interval", "0.3", "--timeout", "1"],
+        [
+            sys.executable,
+            "-m",
+            "node.console.cli",
+            "status",
+            server.url,
+            "--watch",
+            "--interval",
+            "0.3",
+            "--timeout",
+            "1",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -129,7 +144,7 @@ def test_fields_other_parts_add_are_shown_when_present():
     """Trust, quarantine and screening (the screening stage's PeerStats fields), phase detail, round_in_run."""
     from rich.console import Console
 
-    from node.status_view import render
+    from node.console.status_view import render
 
     status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=2).snapshot()
     status["peers"][PEER_L] |= {
@@ -173,7 +188,7 @@ def test_status_of_a_data_dir_whose_node_was_killed_says_stopped(tmp_path):
 def test_status_lays_out_from_80_to_200_columns_without_cutting_a_header(width):
     from rich.console import Console
 
-    from node.status_view import PEER_COLUMNS, render
+    from node.console.status_view import PEER_COLUMNS, render
 
     status = fill_status(NodeStatus(name="n1", model="tiny-s", task="toy", loss="f-tis"), rounds=3).snapshot()
     status["peers"][PEER_L] |= {"trust": "quarantined", "quarantined_until": 1234, "screened": {"implausible": 7}}

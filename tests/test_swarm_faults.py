@@ -178,7 +178,7 @@ def test_a_training_node_trains_alone_while_its_bootstrap_is_down_and_is_seen_ag
     boot = Peer("boot", boot_cfg, tmp_path)
     boot.ready()
     api = free_port()
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", "b", "--model", "tiny-s"]
+    cmd = [sys.executable, "-m", "node.console.cli", "join", "--name", "b", "--model", "tiny-s"]
     cmd += ["--data-dir", str(tmp_path / "b"), "--swarm-id", "test", "--host", "127.0.0.1", "--port", "0"]
     cmd += ["--api-port", str(api), "--round-seconds", "4", "--gather-seconds", "1", "--swarm", boot.info["addrs"][0]]
     cmd += ["--prompts-per-round", "2", "--group-size", "2", "--max-tokens", "8"]

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
+from node.console.cli import app
 
 
 @pytest.mark.timeout(600)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from node.cli import app
+from node.console.cli import app
 from tests.test_tasks_custom import docs_example, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ SHORT = ["--model", "tiny-s", "--prompts-per-round", "2", "--group-size", "4", "
 def ftis(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", "train", *args],
+        [sys.executable, "-m", "node.console.cli", "train", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

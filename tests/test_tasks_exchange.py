@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from node.admission import Admission
+from node.defence.admission import Admission
 from node.models import tokenizer_fingerprint
 from node.tasks import get_task, with_rewards
 from tests.test_admission import PEER, local, packet

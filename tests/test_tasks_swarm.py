@@ -23,7 +23,18 @@ ROUNDS = 3
 
 def _spawn(cwd: Path, name: str, swarm: str | None, rounds: int) -> tuple[subprocess.Popen[bytes], str]:
     api_port = free_port()
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", name, "--data-dir", str(cwd / name), "--task", TASK]
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.console.cli",
+        "join",
+        "--name",
+        name,
+        "--data-dir",
+        str(cwd / name),
+        "--task",
+        TASK,
+    ]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--api-port", str(api_port), "--threads", "1"]
     cmd += ["--round-seconds", "10", "--rounds", str(rounds), "--prompts-per-round", "2", "--group-size", "4"]
     cmd += ["--max-tokens", "8"] + (["--swarm", swarm] if swarm else [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from node.trust import TrustBook, TrustConfig
+from node.defence.trust import TrustBook, TrustConfig
 
 CFG = TrustConfig(
     probation_rounds=3,

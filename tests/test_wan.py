@@ -140,7 +140,19 @@ def test_wan_bench_short_run_keeps_every_node_in_the_swarm(tmp_path):
     out = tmp_path / "wan.json"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "bench", "wan", "--nodes", "3", "--rounds", "5", "--round-seconds", "10"]
+        [
+            sys.executable,
+            "-m",
+            "node.console.cli",
+            "bench",
+            "wan",
+            "--nodes",
+            "3",
+            "--rounds",
+            "5",
+            "--round-seconds",
+            "10",
+        ]
         + ["--prompts-per-round", "2", "--group-size", "4", "--max-tokens", "12", "--json-out", str(out)],
         capture_output=True,
         text=True,

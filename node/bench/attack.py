@@ -246,7 +246,7 @@ def _play(
         train_mode=train_mode,
         expect_peers=len(honest),
         # The attacker earns trust by rounds alone: the patient attacker that has already paid the
-        # volume trust asks (node/trust.py), so what this bench measures is the screen.
+        # volume trust asks (node/defence/trust.py), so what this bench measures is the screen.
         trust_groups=0,
     )
     specs = [(f"honest{i}", model, kw | {"seed": seed * 100 + i}) for i, model in enumerate(honest)]
@@ -315,7 +315,7 @@ def _play(
 
 def measure_heterogeneous(rounds: int = 8, seed: int = 0, prompts: int = 4, group_size: int = 8) -> dict[str, Any]:
     """The screen's false-positive rate in the demo's heterogeneous swarm (no attacker), per receiver and sender."""
-    from node.demo import ROSTER
+    from node.console.demo import ROSTER
 
     work = Path(tempfile.mkdtemp(prefix="ftis-hetero-"))
     started = time.perf_counter()
@@ -367,7 +367,7 @@ def measure_heterogeneous(rounds: int = 8, seed: int = 0, prompts: int = 4, grou
 
 def measure_judge(model: str = "smollm2-135m-embedded", n: int = 32, seed: int = 0) -> dict[str, Any]:
     """What the optional judge costs per completion, and what it says on honest vs poisoned answers."""
-    from node.judge import ModelJudge
+    from node.defence.judge import ModelJudge
     from node.tasks import get_task
 
     t = time.perf_counter()
@@ -483,7 +483,7 @@ def run_attack_bench(
 def share_capture() -> dict[str, Any]:
     """5 clean Sybils vs one honest trusted peer over 20 rounds: today's trust rule next to rounds alone."""
     from node.bench.sybil import measure_share_capture
-    from node.trust import TrustConfig
+    from node.defence.trust import TrustConfig
 
     out: dict[str, Any] = {}
     for honest_groups in (8, 4):  # an honest peer that fills the peer budget, one that leaves room

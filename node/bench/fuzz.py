@@ -1,7 +1,7 @@
 """`ftis-node bench fuzz`: random and mutated packets through decode AND admission.
 
 Every case (node/bench/fuzz_cases.py) goes through `protocol.decode` and through a real
-`node.admission.Admission` (the toy task, the tiny-s tokenizer and model) exactly as a
+`node.defence.admission.Admission` (the toy task, the tiny-s tokenizer and model) exactly as a
 packet from the swarm would, and is judged by node/bench/fuzz_oracle.py. The result:
 
     cases                     how many packets were fed
@@ -60,7 +60,7 @@ _EXAMPLES = 5  # kept per finding
 class FuzzTarget:
     """The receiving node: its admission and what the oracle needs to know about it."""
 
-    admission: Any  # node.admission.Admission
+    admission: Any  # node.defence.admission.Admission
     ctx: FuzzContext
     group_logprobs: Callable[..., list[Any]]  # (prompt_ids, [completion_ids], temperature, top_k, top_p)
 
@@ -69,9 +69,9 @@ def build_target(model: str = "tiny-s") -> FuzzTarget:
     """A real Admission on the toy task with `model`'s tokenizer and weights."""
     import torch
 
-    from node.admission import Admission
+    from node.defence.admission import Admission
+    from node.defence.screen import score_completions
     from node.models import load_model, tokenizer_fingerprint
-    from node.screen import score_completions
     from node.tasks import get_task
     from node.train.logprobs import sequence_logprobs
 

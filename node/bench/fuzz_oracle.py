@@ -8,7 +8,7 @@ never by asking the decoder again:
    shares no code with the decoder, so the two disagreeing is a finding either way:
    `decoder_accepted_invalid` (decode returned a packet the spec forbids) or
    `decoder_rejected_valid` (decode refused a packet the spec allows).
-2. What admission states (`admission_violations`, from node/admission.py): the header
+2. What admission states (`admission_violations`, from node/defence/admission.py): the header
    names the signed sender, our swarm and a round within the stale bound; a foreign
    tokenizer is only taken on the GRAFT path; every admitted group is one of the
    packet's groups, of our task, with a task id we can rebuild, at least
@@ -212,7 +212,7 @@ def _subsequence(items: list[Any], pool: list[Any], same: Callable[[Any, Any], b
 
 
 def admission_violations(admission: Any, peer_id: str, current_round: int, packet: Any, admitted: Any) -> list[str]:
-    """The rules of node/admission.py that `admitted` (an `Admitted`) breaks for `packet`."""
+    """The rules of node/defence/admission.py that `admitted` (an `Admitted`) breaks for `packet`."""
     h = packet.header
     found = []
     if h.sender_peer_id != peer_id:

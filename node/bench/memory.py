@@ -218,7 +218,7 @@ def measure(setting: dict[str, Any]) -> dict[str, Any]:
 
     def admit(groups):
         if before:
-            from node.screen import score_completions
+            from node.defence.screen import score_completions
 
             return [
                 score_completions(

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from node.defence.trust import TrustBook, TrustConfig
 from node.groups import SELF, ScoredGroup, ScoredSequence, mix_groups
-from node.trust import TrustBook, TrustConfig
 
 __all__ = ["measure_share_capture"]
 

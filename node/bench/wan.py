@@ -44,7 +44,16 @@ _SAMPLE_S = 2.0
 
 
 def _node_cmd(net: WanNet, i: int, data: Path, opts: dict[str, Any], blocked: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "node.cli", "join", "--name", f"n{i}", "--model", "tiny-m" if i % 2 == 0 else "tiny-s"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.console.cli",
+        "join",
+        "--name",
+        f"n{i}",
+        "--model",
+        "tiny-m" if i % 2 == 0 else "tiny-s",
+    ]
     cmd += ["--data-dir", str(data / f"n{i}"), "--swarm-id", "wan", "--seed", str(1000 + i), "--threads", "1"]
     announce = net.unreachable(i) if blocked else net.announce(i)
     cmd += ["--host", "127.0.0.1", "--port", str(net.node_port(i)), "--announce", announce]

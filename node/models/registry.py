@@ -26,12 +26,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from node.console.suggest import did_you_mean
 from node.models.cache import ModelLoadError, atomic_build, cache_root, is_model_folder, models_dir
 from node.models.hub import LOCAL_CHOICES, hub_load_options
 from node.models.smollm import EMBEDDED_SMOLLM2, ensure_smollm2
 from node.models.tiny import TINY_NAMES, build_tiny
 from node.models.warmstart import TINY_SKILLS
-from node.suggest import did_you_mean
 
 __all__ = [
     "EMBEDDED_SMOLLM2",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from node.suggest import did_you_mean
+from node.console.suggest import did_you_mean
 from node.tasks.answer import (
     answers_match,
     extract_boxed,

@@ -22,7 +22,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from node.suggest import did_you_mean
+from node.console.suggest import did_you_mean
 from node.tasks.answer import answers_match, extract_tagged, format_instruction, parse_number
 from node.tasks.base import MAX_TASK_ID_CHARS, Problem, Rng, Task, TaskError, draw_int, parse_index
 

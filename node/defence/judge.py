@@ -1,6 +1,6 @@
 """The judge: a second, heavier screen that asks a language model about each completion.
 
-HTTT's second defence. The plausibility screen (node/screen.py) asks "would OUR model have
+HTTT's second defence. The plausibility screen (node/defence/screen.py) asks "would OUR model have
 written this?"; a judge asks a model that can read "does this answer carry anything
 besides the answer?". It costs one forward pass of the judge model per completion (see
 docs/security.md for the figure measured on CPU), so it is off by default
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from node.screen import TokenView, Verdict
+from node.defence.screen import TokenView, Verdict
 
 if TYPE_CHECKING:
     from node.groups import ScoredGroup

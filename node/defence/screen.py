@@ -30,7 +30,7 @@ weighs exp(-19), whatever is claimed; an honest sender's tokens lose little, sin
 sampler rarely draws a token at a probability below the floor. Tokens we find plausible
 keep the claimed value: there, a lie buys at most C on text we would write.
 
-The interface is small so other screens plug in (node/judge.py adds an LLM judge):
+The interface is small so other screens plug in (node/defence/judge.py adds an LLM judge):
 `Screen.screen(group, views) -> one Verdict per sequence`.
 """
 

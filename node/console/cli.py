@@ -17,8 +17,8 @@ from typer.core import TyperGroup
 from node import __version__
 from node.bench.attack import LR as ATTACK_LR
 from node.bench.attack import ROUNDS as ATTACK_ROUNDS
-from node.cli_options import Abort, ClickException, CliError, UsageError, shown_default, with_config_options
 from node.config import LOSS_CHOICES
+from node.console.cli_options import Abort, ClickException, CliError, UsageError, shown_default, with_config_options
 
 
 class _Group(TyperGroup):
@@ -481,7 +481,7 @@ def _prepare_model(config, printer) -> None:
 def _fit_memory(config):
     """The settings with the micro-batch fitted to the free memory (or given); one `error:` line if
     the model cannot fit."""
-    from node.preflight import PreflightError, check_memory
+    from node.console.preflight import PreflightError, check_memory
 
     try:
         config, memory = check_memory(config)
@@ -494,8 +494,8 @@ def _fit_memory(config):
 
 def _memory_estimate(config) -> dict | str:
     """What --dry-run says about memory: the plan for a model already at hand, else why not."""
+    from node.console.preflight import PreflightError, check_memory
     from node.memory import gb
-    from node.preflight import PreflightError, check_memory
 
     try:
         _, memory = check_memory(config, build=False)
@@ -512,10 +512,10 @@ def _memory_estimate(config) -> dict | str:
 
 
 def _run_node(config, *, use_swarm: bool) -> None:
+    from node.console.preflight import PreflightError, check_all
+    from node.console.progress import RoundPrinter
     from node.daemon import Node, install_stop_handlers
     from node.models import ModelLoadError
-    from node.preflight import PreflightError, check_all
-    from node.progress import RoundPrinter
     from node.swarm.errors import SwarmStartError
     from node.train.checkpoint import NoUsableCheckpoint
 
@@ -568,7 +568,7 @@ def join(
 @with_config_options(exclude=SWARM_ONLY | {"api_host", "api_port"})
 def train(config, resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint.")) -> None:
     """Train one node on its own samples, with no swarm (the solo loop)."""
-    from node.preflight import PreflightError, check_data_dir
+    from node.console.preflight import PreflightError, check_data_dir
     from node.train.checkpoint import checkpoint_folders
 
     if config.rounds is None:
@@ -596,8 +596,8 @@ def status(
     """How a running node is doing: round, phase, reward, peers, rejections (exit code 2 if unreachable)."""
     from rich.console import Console
 
-    from node.status_view import Unreachable, fetch_view, render
-    from node.status_view import watch as watch_view
+    from node.console.status_view import Unreachable, fetch_view, render
+    from node.console.status_view import watch as watch_view
 
     console = Console()
     try:
@@ -626,7 +626,7 @@ def export(
     LoRA nodes give an adapter (its base named by Hub id, or copied into OUT/base for the
     project's own models), the tokenizer and a model card; --merge gives full weights.
     """
-    from node.export import ExportError, export_checkpoint
+    from node.console.export import ExportError, export_checkpoint
     from node.models import ModelLoadError
 
     _quiet_libraries()
@@ -651,7 +651,7 @@ def demo(
     ),
 ) -> None:
     """A local swarm of heterogeneous nodes on loopback, with a live table and a summary."""
-    from node.demo import Demo
+    from node.console.demo import Demo
 
     try:
         runner = Demo(

@@ -73,8 +73,8 @@ def fetch_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
 
 
 def file_view(path: Path) -> dict[str, Any]:
-    """The view of a node's status.json (see `node.status.read_status_file`)."""
-    from node.status import read_status_file
+    """The view of a node's status.json (see `node.serving.status.read_status_file`)."""
+    from node.serving.status import read_status_file
 
     try:
         status = read_status_file(path)

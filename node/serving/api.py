@@ -23,8 +23,8 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
-from node.metrics import CONTENT_TYPE, NodeMetrics
-from node.status import NodeStatus
+from node.serving.metrics import CONTENT_TYPE, NodeMetrics
+from node.serving.status import NodeStatus
 
 # The dashboard's files, served from the package: nothing outside the node is ever fetched.
 STATIC = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}
@@ -40,7 +40,7 @@ def create_app(status: NodeStatus) -> FastAPI:
     # No /docs or /redoc: their pages load Swagger/ReDoc from a CDN and are blank offline.
     # The schema itself is served at /openapi.json.
     app = FastAPI(title="ftis-node", summary="Status of one ftis-node peer.", docs_url=None, redoc_url=None)
-    package = files("node")
+    package = files("node.serving")
     dashboard = package.joinpath("dashboard.html").read_text(encoding="utf-8")
     static = {name: package.joinpath(name).read_bytes() for name in STATIC}
     metrics = NodeMetrics(status)

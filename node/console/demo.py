@@ -112,7 +112,7 @@ class Demo:
         cmd = [
             sys.executable,
             "-m",
-            "node.cli",
+            "node.console.cli",
             "join",
             "--name",
             node.name,

@@ -2,7 +2,7 @@
 
 Nothing a peer sends is trusted. In order, cheapest first:
 
-1. a quarantined peer's packet is refused unread (node/trust.py);
+1. a quarantined peer's packet is refused unread (node/defence/trust.py);
 2. the header alone (`peek_header`, the body is not decoded): the sender it names must be
    the verified sender (`impersonation`), the swarm ours, the round current; a peer with
    our tokenizer must declare our vocabulary size (`vocab_mismatch`);
@@ -12,7 +12,7 @@ Nothing a peer sends is trusted. In order, cheapest first:
    turns every log-prob into NaN), completions of >= 1 token (`empty_completion`) that fit
    our model's positions with the prompt (`too_long`), ids inside our vocabulary
    (`bad_token_id`);
-5. the screen (node/screen.py): each completion under our OWN model at the declared
+5. the screen (node/defence/screen.py): each completion under our OWN model at the declared
    sampling parameters; implausible ones are dropped, and a claimed log-prob may not raise
    the weight of a token we find implausible;
 6. our own verifier re-scores every completion (the sender's reward is never read), and
@@ -40,11 +40,11 @@ from typing import Literal
 
 import numpy as np
 
+from node.defence.screen import PlausibilityScreen, Screen, ScreenConfig, TokenView, honest_claims
+from node.defence.trust import HOSTILE_REASONS, TrustBook
 from node.groups import ScoredGroup, ScoredSequence
-from node.screen import PlausibilityScreen, Screen, ScreenConfig, TokenView, honest_claims
 from node.tasks import Task
 from node.tasks.answer import ANSWER_CLOSE
-from node.trust import HOSTILE_REASONS, TrustBook
 from protocol import Limits, ProtocolError, RolloutPacket, decode, peek_header
 from protocol.keys import STALE_ROUNDS
 
@@ -80,7 +80,7 @@ class Admitted:
 
     @property
     def screened(self) -> Counter[str]:
-        """The rejections held against the sender (node/trust.py), by reason."""
+        """The rejections held against the sender (node/defence/trust.py), by reason."""
         return Counter({k: v for k, v in self.rejected.items() if k in HOSTILE_REASONS})
 
 

@@ -33,7 +33,7 @@ class PeerStats(BaseModel):
     groups_admitted: int = 0
     samples_admitted: int = 0
     samples_used: int = 0
-    tail_tokens_cut: int = 0  # tokens after its answers' closing tags, not trained on (node/admission.py)
+    tail_tokens_cut: int = 0  # tokens after its answers' closing tags, not trained on (node/defence/admission.py)
     last_round: int | None = None
     last_seen: float | None = None
     # From the newest packet's header (network data: shown escaped, never trusted).
@@ -42,7 +42,7 @@ class PeerStats(BaseModel):
     adapter_version: str | None = None
     reward_mean: float | None = None  # its admitted samples of the last round, as re-scored here
     rejected: dict[str, int] = Field(default_factory=dict)
-    # Trust (node/trust.py): samples held against the peer by reason, its state and why,
+    # Trust (node/defence/trust.py): samples held against the peer by reason, its state and why,
     # and the first round it is heard again when quarantined.
     screened: dict[str, int] = Field(default_factory=dict)
     trust: str = "probation"
