@@ -12,16 +12,14 @@ checked against each other by the codec.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.frame import Limits
 from protocol.packet import MAX_NAME_CHARS, Name, SamplingParams
 from protocol.reader import BoundedReader
-
-if TYPE_CHECKING:  # codec imports this module
-    from protocol.codec import Limits
 
 __all__ = ["BODY_FIELDS", "SAMPLING_FIELDS", "Body", "RawGroup", "fail", "read_body", "validated"]
 

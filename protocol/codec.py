@@ -87,15 +87,14 @@ the task ids, and the swarm, round and sender of the header.
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import msgpack
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.body import fail, read_body, validated
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.frame import _PREFIX, FLAG_ZSTD, FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES, PREFIX_SIZE, Limits
 from protocol.packet import (
     PROTOCOL_VERSION,
     Completion,
@@ -119,15 +118,7 @@ __all__ = [
     "peek_header",
 ]
 
-MAGIC = b"FTIS"
-FORMAT_VERSION = 1
-FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
-_PREFIX = struct.Struct("<4sBBII")  # magic, format version, flags, header length, body length
-PREFIX_SIZE = _PREFIX.size
-# Any valid header fits: 5 names of at most 256 characters (4 bytes each in UTF-8), a
-# 64-character display name and swarm id, 4 numbers and the field names: under 6 KiB.
-MAX_HEADER_BYTES = 8192
 ZSTD_LEVEL = 3  # zstd's default: most of the gain at a fraction of the time of higher levels
 
 LOGPROB_FLOOR = -64.0
@@ -137,22 +128,6 @@ _LP_DECODE_STEP = np.float32(LOGPROB_FLOOR / _LP_LEVELS)
 
 _FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 _FINISH_CODE = {reason: i for i, reason in enumerate(_FINISH_REASONS)}
-
-
-class Limits(BaseModel):
-    """What a receiver accepts. Checked before any large allocation, so an oversized
-    or hostile packet costs little to reject."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # 4 MiB is hivemind's default RPC message size; max_bytes bounds the packet both as
-    # received and after decompression.
-    max_bytes: int = Field(4 * 2**20, ge=PREFIX_SIZE)
-    max_groups: int = Field(256, ge=1)
-    max_completions_per_group: int = Field(128, ge=1)
-    max_tokens_per_completion: int = Field(32_768, ge=1)
-    max_total_tokens: int = Field(1_000_000, ge=1)
-    max_text_chars: int = Field(200_000, ge=0)  # per completion
 
 
 _DEFAULT_LIMITS = Limits()

@@ -36,11 +36,9 @@ from protocol import (
     SamplingParams,
     encode,
 )
-from protocol.codec import PREFIX_SIZE
+from protocol.frame import _PREFIX, PREFIX_SIZE
 
 __all__ = ["FuzzContext", "hostile_cases", "make_case", "make_seed", "make_seeds", "zstd_frame"]
-
-_PREFIX = struct.Struct("<4sBBII")
 
 
 @dataclass(frozen=True)

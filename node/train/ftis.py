@@ -95,7 +95,9 @@ class LossConfig(BaseModel):
 
     variant: Variant = "f-tis"
     is_cap: float = Field(2.0, ge=1.0, description="C: cap on the IS weight exp(delta)")
-    kl_threshold: float = Field(50.0, ge=0.0, description="g: filter threshold on kl_i")
+    kl_threshold: float = Field(
+        _DEFAULT_KL_THRESHOLD["sum"], ge=0.0, description="g: filter threshold on kl_i (see the validator)"
+    )
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="eps: PPO ratio clip")
     kl_reduction: KlReduction = Field("sum", description="kl_i summed or averaged over tokens")
 
@@ -106,9 +108,9 @@ class LossConfig(BaseModel):
         # reduction, since g = 50 with a per-token mean would never filter anything.
         if isinstance(data, dict) and data.get("kl_threshold") is None:
             reduction = data.get("kl_reduction", "sum")
-            # An invalid reduction is reported by the field's own validation.
-            default = _DEFAULT_KL_THRESHOLD.get(reduction, 50.0) if isinstance(reduction, str) else 50.0
-            data = {**data, "kl_threshold": default}
+            # An invalid reduction is reported by the field's own validation; the sum's g stands in.
+            default = _DEFAULT_KL_THRESHOLD.get(reduction) if isinstance(reduction, str) else None
+            data = {**data, "kl_threshold": default if default is not None else _DEFAULT_KL_THRESHOLD["sum"]}
         return data
 
     @field_validator("variant", mode="before")
