@@ -16,7 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # torch stays out of this module's import
     from node.train.trainer import TrainBatch
-    from protocol import PacketHeader, RolloutPacket, SamplingParams
+    from protocol import PacketHeader, RolloutPacket
 
 SELF = "self"
 # All not-yet-trusted peers together take at most this share of a batch (node/defence/trust.py).
@@ -49,6 +49,27 @@ class ScoredGroup:
     @property
     def rewards(self) -> np.ndarray:
         return np.array([s.reward for s in self.sequences], dtype=np.float32)
+
+
+def own_groups(problems, prompt_ids: list[list[int]], samples, task, generator: str, sampling) -> list[ScoredGroup]:
+    """The engine's answers to `problems` (one list of samples per prompt) as own groups, each
+    sample scored by `task`'s verifier."""
+    groups = []
+    for problem, ids, answers in zip(problems, prompt_ids, samples):
+        group = ScoredGroup(
+            source=SELF,
+            task_id=problem.task_id,
+            generator=generator,
+            prompt_ids=ids,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+        )
+        for s in answers:
+            reward = float(task.reward(problem, s.text))
+            group.sequences.append(ScoredSequence(list(s.token_ids), s.logprobs, reward, 1.0, s.text, s.finish_reason))
+        groups.append(group)
+    return groups
 
 
 def mix_groups(
@@ -167,9 +188,12 @@ def _take_turns(
     return chosen, used
 
 
-def to_packet(own: list[ScoredGroup], header: PacketHeader, sampling: SamplingParams) -> RolloutPacket:
-    """This node's groups of one round as the packet it publishes (rewards stay home)."""
-    from protocol import Completion, Group, RolloutPacket
+def to_packet(own: list[ScoredGroup], header: PacketHeader, sampling) -> RolloutPacket:
+    """This node's groups of one round as the packet it publishes (rewards stay home);
+    `sampling` is a `SamplingParams` or anything with its fields (the engine's `Sampling`)."""
+    from protocol import Completion, Group, RolloutPacket, SamplingParams
+
+    sampling = SamplingParams.model_validate(sampling, from_attributes=True)
 
     groups = [
         Group(

@@ -54,7 +54,7 @@ def _max_diff(samples: list[Sample], ref: list[np.ndarray]) -> float:
 
 
 def _reference(model, pad_id: int):
-    """A `reference_logprobs` hook with Node._local_logprobs' signature, for `model`."""
+    """A `reference_logprobs` hook with LocalModel.logprobs' signature, for `model`."""
 
     def logprobs(prompt_ids, completion_ids, temperature, top_k, top_p) -> np.ndarray:
         with torch.no_grad():

@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from node.config import NodeConfig
 from node.console.cli import app
-from node.daemon import Node, seed_of_peer
+from node.daemon import Node
 from node.groups import SELF, ScoredGroup, ScoredSequence, drop_copies, mix_groups
+from node.seeds import seed_of_peer
 
 
 def group(source: str, task: int, tokens=((3,), (4,)), prompt=(1, 2)) -> ScoredGroup:

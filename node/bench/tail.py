@@ -37,7 +37,7 @@ def tail_logprob(node, problems, tail: str = TAIL) -> float:
         head = tok(answered, add_special_tokens=False)["input_ids"]
         ids = tok(answered + tail, add_special_tokens=False)["input_ids"]
         start = next((i for i, (a, b) in enumerate(zip(head, ids)) if a != b), len(head))
-        logp = node._local_logprobs(node.admission.prompt_ids(p.prompt), ids, 1.0, 0, 1.0)
+        logp = node.local.logprobs(node.admission.prompt_ids(p.prompt), ids, 1.0, 0, 1.0)
         total.append(float(np.sum(logp[start:])))
     return float(np.mean(total))
 

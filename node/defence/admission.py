@@ -45,7 +45,7 @@ from node.defence.trust import HOSTILE_REASONS, TrustBook
 from node.groups import ScoredGroup, ScoredSequence
 from node.tasks import Task
 from node.tasks.answer import ANSWER_CLOSE
-from protocol import Limits, ProtocolError, RolloutPacket, decode, peek_header
+from protocol import Limits, PacketHeader, ProtocolError, RolloutPacket, decode, peek_header
 from protocol.keys import STALE_ROUNDS
 
 # (prompt_ids, [completion_ids, ...], temperature, top_k, top_p) -> our view of each completion
@@ -63,6 +63,7 @@ class Admitted:
 
     peer_id: str
     round: int | None = None
+    header: PacketHeader | None = None  # as the sender wrote it (unverified but for the sender id)
     groups: list[ScoredGroup] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     details: dict[str, str] = field(default_factory=dict)
@@ -172,7 +173,7 @@ class Admission:
         except ProtocolError as err:
             result.reject(err.code, str(err))
             return
-        result.round = header.round
+        result.round, result.header = header.round, header
         if header.sender_peer_id != peer_id:
             named = header.sender_peer_id
             result.reject("impersonation", f"header names {named!r}, the verified sender is {peer_id!r}")

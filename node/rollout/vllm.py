@@ -58,7 +58,7 @@ INSTALL_HINT = (
 )
 
 #: `reference_logprobs(prompt_ids, completion_ids, temperature, top_k, top_p)`, the
-#: signature of `Node._local_logprobs`.
+#: signature of `node.local_model.LocalModel.logprobs`.
 ReferenceLogprobs = Callable[[list[int], list[int], float, int, float], np.ndarray]
 
 _DTYPES = {

@@ -377,6 +377,12 @@ class NodeStatus:
         with self._lock:
             return [r.model_dump() for r in self.history]
 
+    def write_file(self, path: Path) -> None:
+        """`file_text` to `path`, atomically (a reader never sees half a file)."""
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.file_text())
+        os.replace(tmp, path)
+
     def file_text(self) -> str:
         """The status file: the snapshot and the history, one round per line (records serialised once)."""
         head = json.dumps(self.snapshot() | {"written_at": time.time()}, indent=1, default=str)

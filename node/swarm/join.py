@@ -101,3 +101,19 @@ def _rewrite_host(addrs: list[str], host: str) -> list[str]:
         if len(parts) >= 7 and parts[3] == "tcp" and parts[5] == "p2p":
             rewritten.append(f"/ip4/{ip}/tcp/{parts[4]}/p2p/{parts[6]}")
     return list(dict.fromkeys(rewritten)) or addrs
+
+
+def join_swarm(cfg):
+    """The node's swarm (`node.swarm.Swarm`), started: `cfg.swarm` resolved to multiaddrs (a
+    status URL is asked, waiting up to --swarm-wait) and the identity key kept in the data dir."""
+    from node.swarm import Swarm
+    from node.swarm.ledger import body_verdict
+
+    cfg.node_dir.mkdir(parents=True, exist_ok=True)
+    return Swarm(
+        cfg.swarm_config(
+            initial_peers=resolve_initial_peers(cfg.swarm, timeout=cfg.swarm_wait),
+            identity_path=cfg.node_dir / "identity.key",
+        ),
+        body_check=body_verdict,  # junk and relayed copies never use up a slot or a true sender's delivery
+    ).start()
