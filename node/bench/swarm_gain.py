@@ -225,7 +225,7 @@ def _run(
     loss: str,
     share: float,
     evals: dict[str, Any],
-    before_cache: dict,
+    before_cache: _BeforeEvals,
     say: Callable[[str], None],
     label: str,
 ) -> list[dict[str, Any]]:
@@ -245,10 +245,8 @@ def _run(
                 nodes.append(Node(cfg, exchange=exchange).setup())
             before = []
             for node, temp in zip(nodes, temperatures):
-                key = (s.model, temp)  # LoRA starts as the identity: the same start in every run
-                if key not in before_cache:
-                    before_cache[key] = _evaluate(node, s, evals)
-                before.append(before_cache[key])
+                # LoRA starts as the identity: the same start in every run.
+                before.append(before_cache.get(s.model, temp, lambda node=node: _evaluate(node, s, evals)))
             curves: list[list[dict[str, Any]]] = [[] for _ in nodes]
             for r in range(s.rounds):
                 opened = [n.begin_round(r) for n in nodes]
@@ -267,6 +265,22 @@ def _run(
         _node_summary(i, temp, seed, curve, b, a)
         for i, (temp, seed, curve, b, a) in enumerate(zip(temperatures, seeds, curves, before, after))
     ]
+
+
+class _BeforeEvals:
+    """The untrained model's evals by (model, temperature), saved as each is made, so a run cut
+    during its first rounds does not evaluate the start again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.values: dict[str, dict[str, float]] = json.loads(path.read_text()) if path.exists() else {}
+
+    def get(self, model: str, temperature: float, compute: Callable[[], dict[str, float]]) -> dict[str, float]:
+        key = f"{model}@{float(temperature)}"
+        if key not in self.values:
+            self.values[key] = compute()
+            self.path.write_text(json.dumps(self.values, indent=1))
+        return self.values[key]
 
 
 def _node_summary(index, temperature, seed, curve, before, after) -> dict[str, Any]:
@@ -332,15 +346,7 @@ def run_swarm_gain(
         raise ValueError(f"{work} holds runs of other settings ({saved}); pass another --work folder")
     saved.write_text(json.dumps(what, indent=1))
     evals = _evals(settings)
-    before_path = Path(work) / "before.json"  # the untrained model's evals, by temperature
-    before_cache: dict = {}
-    if before_path.exists():
-        for key, value in json.loads(before_path.read_text()).items():
-            model, temp = key.rsplit("@", 1)
-            before_cache[(model, float(temp))] = value
-
-    def save_before() -> None:
-        before_path.write_text(json.dumps({f"{m}@{t}": v for (m, t), v in before_cache.items()}, indent=1))
+    before_cache = _BeforeEvals(Path(work) / "before.json")
 
     # Seed by seed, swarm by swarm, isolation first: a run cut short still compares like with like.
     plan = [
@@ -376,7 +382,6 @@ def run_swarm_gain(
                     say=say,
                     label=key,
                 )
-            save_before()
             record = {"swarm": swarm, "loss": loss, "share": share, "seed": seed, "nodes": nodes}
             record["seconds"] = round(time.perf_counter() - t0, 1)
             path.write_text(json.dumps(record, indent=1))
