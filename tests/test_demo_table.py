@@ -8,7 +8,7 @@ import sys
 
 from rich.console import Console
 
-from node.console.demo import Demo
+from node.console.demo import Demo, learning_line
 
 
 def test_last_table_shows_the_final_state(tmp_path):
@@ -28,6 +28,7 @@ def test_last_table_shows_the_final_state(tmp_path):
     demo.console.print(demo.table())
     summary = demo.summary()
     demo.console.print(demo.summary_table(summary))
+    demo.console.print(learning_line(summary))
     text = demo.console.export_text()
     table, summary_text = text.split("summary")
     for node in demo.roster:
@@ -36,6 +37,9 @@ def test_last_table_shows_the_final_state(tmp_path):
         assert cells[3] == "3" and cells[6] == "144", cells  # rounds, peer samples used
         assert summary[node.name]["rounds"] == 3 and summary[node.name]["peer_samples_used"] == 144
         assert "exited (0)" in row
+    # The control: each node's first rounds against its last (3 rounds: 1 and 1), and what rose.
+    assert "reward rose on 2 of 2 nodes (first 5 rounds -> last 5)" in text.replace("\n", " ")
+    assert all(s["reward_first"] == 0.0 and abs(s["reward_last"] - 0.2) < 1e-9 for s in summary.values())
 
 
 def test_a_node_that_exits_before_its_first_round_stops_the_demo_with_its_last_log_line(tmp_path):

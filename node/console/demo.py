@@ -54,6 +54,7 @@ class NodeFailed(RuntimeError):
     """A node of the demo exited before its first round (the message names it and its last log line)."""
 
 
+WINDOW = 5  # the summary compares the mean reward of the first and the last WINDOW rounds
 BOOTSTRAP_WAIT_S = 600.0  # the first node loads a model before it answers; a busy machine takes minutes
 
 
@@ -323,7 +324,7 @@ class Demo:
         for node in self.roster:
             rounds = self.history.get(node.name, [])
             rewards = [r["reward_mean"] for r in rounds]
-            k = max(1, min(3, len(rewards) // 2))
+            k = max(1, min(WINDOW, len(rewards) // 2))
             s = self.last.get(node.name, {})
             out[node.name] = {
                 "model": node.model,
@@ -340,7 +341,7 @@ class Demo:
         return out
 
     def summary_table(self, summary: dict[str, dict]) -> Table:
-        table = Table(title="summary (reward: mean of the first / last rounds)")
+        table = Table(title=f"summary (reward: mean of the first / last {WINDOW} rounds)")
         for col in ("node", "model", "rounds", "reward first", "reward last", "best", "peer samples used", "exit"):
             table.add_column(col, justify="left" if col in ("node", "model") else "right")
         for name, s in summary.items():
@@ -397,7 +398,22 @@ class Demo:
         summary = self.summary()
         (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.console.print(self.summary_table(summary))
+        self.console.print(learning_line(summary))
         return summary
+
+
+def learning_line(summary: dict[str, dict]) -> str:
+    """Which nodes' reward rose from their first to their last rounds (the demo's own control:
+    the same node, early against late), and by how much."""
+    played = {name: s for name, s in summary.items() if s["reward_first"] is not None and s["rounds"] >= 2}
+    if not played:
+        return "no node finished two rounds: nothing to compare"
+    rose = [name for name, s in played.items() if s["reward_last"] > s["reward_first"]]
+    each = ", ".join(f"{name} {s['reward_first']:.3f} -> {s['reward_last']:.3f}" for name, s in played.items())
+    line = f"reward rose on {len(rose)} of {len(played)} nodes (first {WINDOW} rounds -> last {WINDOW}): {each}"
+    if len(rose) < len(played):
+        line += "; a few rounds are a handful of steps: --rounds 40 gives the others longer"
+    return line
 
 
 def _get_json(url: str) -> Any:
