@@ -240,3 +240,21 @@ def test_an_installed_package_adds_a_task_kind(on_path) -> None:
     assert task.id_prefix == "double/30/" and task.problem("double/30/4").answer == "8"
     with pytest.raises(TaskError, match=r"unknown task kind 'triple'"):
         get_task("triple:30")
+
+
+def test_stock_rewards_pay_for_the_tag_and_for_the_answer():
+    from node.tasks import get_task, with_rewards
+    from node.tasks.stock_rewards import answer_correct, answer_format
+
+    texts = ["<answer>19</answer>", "<answer>19", "<answer>18</answer>", "<answer>1</answer><answer>19</answer>"]
+    assert answer_format([""] * 4, texts) == [1.0, 0.0, 1.0, 0.0]
+    assert answer_correct([""] * 4, texts, answer=["19"] * 4) == [1.0, 0.0, 0.0, 0.0]
+    # As the demo weighs them (1, 3): a quarter for the tag, the rest for the right answer.
+    task = with_rewards(
+        get_task("toy"),
+        "node.tasks.stock_rewards:answer_format,node.tasks.stock_rewards:answer_correct",
+        "1,3",
+    )
+    problem = task.problem("toy/id/7")
+    right = f"<answer>{problem.answer}</answer>"
+    assert [task.reward(problem, t) for t in (right, right[:-9], "<answer>x</answer>")] == [1.0, 0.0, 0.25]
