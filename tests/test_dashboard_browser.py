@@ -166,7 +166,7 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
             trained_with_b_and_rejected_bad, 300, "a to train on b's samples 3 times and reject the bad peer", tmp_path
         )
 
-        driver = _browser(tmp_path, 1280, 1000)
+        driver = _browser(tmp_path, 1400, 1000)
         driver.get(a_url + "/")
 
         # The page redraws its tables and charts every poll: read an element's text in the same
@@ -295,18 +295,28 @@ def test_dashboard_in_chromium_after_real_rounds_with_a_peer(tmp_path):
         assert f'ftis_rejected_total{{peer="{bad_id}",reason="foreign_task"}}' in metrics
 
         height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(1280, min(height + 40, 4000))
+        driver.set_window_size(1400, min(height + 40, 4000))
         time.sleep(1)  # charts redraw for the new size
         screenshot = Path(os.environ.get("FTIS_DASHBOARD_PNG") or tmp_path / "dashboard.png")
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(screenshot.resolve()))
 
+        # No dead space: no panel is more than a line taller than what it holds (a short panel
+        # beside a tall one used to stretch to it, leaving an empty block under its chart).
+        gaps = driver.execute_script(
+            "return [...document.querySelectorAll('main .panel')].map(p => {"
+            "  const kids = [...p.children].filter(k => k.offsetParent !== null);"
+            "  const bottom = Math.max(...kids.map(k => k.getBoundingClientRect().bottom));"
+            "  return [p.querySelector('h2').textContent, p.getBoundingClientRect().bottom - bottom]; })"
+        )
+        assert all(gap <= 40 for _, gap in gaps), gaps
+
         # Phone width: everything fits the width (wide tables scroll inside their panel).
-        driver.set_window_size(390, 900)
+        driver.set_window_size(400, 900)
         time.sleep(1)
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 1, f"the page is {overflow} px wider than a phone screen"
-        assert driver.find_element(By.CSS_SELECTOR, "#chart-reward svg").size["width"] <= 390
+        assert driver.find_element(By.CSS_SELECTOR, "#chart-reward svg").size["width"] <= 400
         driver.save_screenshot(str(tmp_path / "dashboard-phone.png"))
     finally:
         if driver is not None:

@@ -117,7 +117,7 @@ function drawCharts() {
     { ...OWN, label: ownLabel, width: 3, points: pts(r => r.reward_mean) },
     ...peers.map(pid => ({ key: pid, label: peerLabel(pid), title: pid, color: peerColor(pid), width: 1.5,
       points: pts(r => (r.peers && r.peers[pid] ? r.peers[pid].reward_mean : null)) })),
-  ], state.hidden, toggle, { ...chartOpts, height: 330, yLabel: "mean reward", empty: "no finished round yet",
+  ], state.hidden, toggle, { ...chartOpts, height: 300, yLabel: "mean reward", empty: "no finished round yet",
     // rewards of 0.02-0.12 would sit squashed at the bottom of a 0-1 axis: fit the data, 0-1 on a click
     ...(state.rewardFull ? { yMin: 0, yMax: 1 } : { yMin: 0, minSpan: 0.05 }) });
   const scale = $("reward-scale");
