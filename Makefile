@@ -27,7 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
-# ruff (lint and format) on the whole tree; mypy on protocol/ (strict) and node/train/.
+# ruff (lint and format) on the whole tree; mypy on all of protocol/ (strict) and node/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

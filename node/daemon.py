@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,11 @@ from node.local_model import LocalModel
 from node.memory import release_memory
 from node.seeds import identity_seed
 from node.serving.status import NodeStatus, RoundRecord
+
+if TYPE_CHECKING:
+    from node.rollout.base import RolloutEngine
+    from node.serving.api import ApiServer
+    from node.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +129,13 @@ class Node:
         self.status.set(swarm_id=cfg.swarm_id if self.use_swarm else None)
         self._stop = threading.Event()
         self.swarm = exchange
-        self.api = None
-        self.engine = None
-        self.trainer = None
+        self.api: ApiServer | None = None
+        self.engine: RolloutEngine | None = None
+        self.trainer: Trainer | None = None
         self.round_done: int | None = None
         self.rounds_played = 0  # rounds begun in this run
         self.reward_faults = notices.RewardFaults()
-        self.saves = None  # the CheckpointSchedule (node/checkpointing.py)
+        self.saves: CheckpointSchedule | None = None  # node/checkpointing.py
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> Node:
@@ -195,6 +200,7 @@ class Node:
         checkpoints none of which does (`NoUsableCheckpoint`), rather than train from scratch."""
         from node.train.checkpoint import load_latest
 
+        assert self.trainer is not None and self.saves is not None, "setup() makes them first"
         self.cfg.node_dir.mkdir(parents=True, exist_ok=True)  # status.json lands here before any checkpoint
         ckpt = load_latest(self.ckpt_dir, restore=self.trainer.resume, strict=True)
         played = restart.rounds_played(self.cfg.node_dir)
@@ -293,6 +299,7 @@ class Node:
         opened.own = self.rollout(r)
         release_memory()  # generation's cache and step scores go back to the system before training
         if self.swarm is not None:
+            assert self.engine is not None, "setup() made it"
             self.status.set_phase("publishing", r)
             packet = self._packet_bytes(r, opened.own)
             self.swarm.publish(r, packet, model=self.cfg.model, adapter_version=self.engine.adapter_version)
@@ -301,6 +308,7 @@ class Node:
 
     def finish_round(self, r: int, opened: OpenRound) -> RoundResult | None:
         """Gather and admit peers' samples, train, checkpoint, record (the half after)."""
+        assert self.trainer is not None and self.saves is not None, "setup() made them"
         own, start = opened.own, opened.started_at
         peers: list[ScoredGroup] = []
         answered, foreign = 0, (0, "")
@@ -396,6 +404,7 @@ class Node:
 
     def rollout(self, r: int) -> list[ScoredGroup]:
         """Answer this round's own prompts G times each and re-score with our verifier."""
+        assert self.engine is not None and self.cfg.seed is not None, "setup() made the engine and chose the seed"
         problems = self.task.sample_problems(self._round_rng("prompts", r), self.cfg.prompts_per_round)
         sampling = self.sampling.model_copy(update={"seed": (self.cfg.seed * 1_000_003 + r) % 2**31})
         prompt_ids = [self.admission.prompt_ids(p.prompt) for p in problems]
@@ -410,6 +419,7 @@ class Node:
     def _packet_bytes(self, r: int, own: list[ScoredGroup]) -> bytes:
         from protocol import PacketHeader, encode
 
+        assert self.engine is not None, "setup() made it"
         header = PacketHeader.create(
             swarm_id=self.cfg.swarm_id,
             round=r,
@@ -424,6 +434,7 @@ class Node:
 
     def _train_round(self, used: list[ScoredGroup]) -> dict[str, Any]:
         """One F-TIS step on `used`, retried without the peers whose data breaks it (node/blame.py)."""
+        assert self.trainer is not None and self.saves is not None, "setup() made them"
         steps = self.trainer.steps
         metrics, lost, trouble = step_blaming_peers(self.trainer, used)
         for peer, n in lost.items():

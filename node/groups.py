@@ -177,7 +177,8 @@ def _take_turns(
     rng.shuffle(queues)
     if served is not None:
         queues.sort(key=lambda q: served.get(q[0].source, 0))  # stable: ties keep the random order
-    chosen, used = [], 0
+    chosen: list[ScoredGroup] = []
+    used = 0
     while any(queues) and len(chosen) < max_groups:
         for queue in queues:
             if queue and len(chosen) < max_groups:

@@ -343,7 +343,7 @@ def measure_heterogeneous(rounds: int = 8, seed: int = 0, prompts: int = 4, grou
             opened = [n.begin_round(r) for n in nodes]
             for n, o in zip(nodes, opened):
                 n.finish_round(r, o)
-        pairs: dict[str, dict[str, float]] = defaultdict(dict)
+        pairs: dict[str, dict[str, float | None]] = defaultdict(dict)
         checked = dropped = 0
         for node, rec in zip(nodes, recorders):
             for peer, n in rec.checked.items():
@@ -420,7 +420,7 @@ def run_attack_bench(
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    kw = dict(
+    kw: dict[str, Any] = dict(
         rounds=rounds,
         last=min(last, rounds),
         dht=dht,

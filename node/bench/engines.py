@@ -47,7 +47,11 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from node.rollout.base import RolloutEngine
+    from node.rollout.vllm import VLLMEngine
 
 __all__ = ["format_engine_bench", "run_engine_bench"]
 
@@ -94,7 +98,7 @@ def _save_adapters(reference: Any, out: Path, rank: int, seed: int) -> tuple[Any
                 if "lora_" in name:  # small enough to keep the policy sane, large enough to show
                     p.normal_(0.0, 0.05)
         paths.append(out / f"adapter-{i}")
-        peft_model.save_pretrained(paths[-1])
+        peft_model.save_pretrained(str(paths[-1]))
     return peft_model.eval(), paths
 
 
@@ -337,19 +341,22 @@ def _side_by_side(
     from node.rollout import make_engine
 
     folder = _model_dir(model)
+
+    def tokens_of(e: RolloutEngine) -> Callable[[Any], int]:
+        return lambda s: sum(len(x.token_ids) for g in e.generate(prompts, n, s) for x in g)
+
     engines = {"hf": make_engine("hf", folder), name: make_engine(name, folder)}
     try:
-        calls: dict[str, Callable[[Any], int]] = {
-            key: lambda s, e=engine: sum(len(x.token_ids) for g in e.generate(prompts, n, s) for x in g)
-            for key, engine in engines.items()
-        }
+        calls: dict[str, Callable[[Any], int]] = {key: tokens_of(engine) for key, engine in engines.items()}
         if name == "vllm":
-            engine = engines[name]
-            ids = [{"prompt_token_ids": p} for p in engine.encode(prompts)]
+            vllm_engine = cast("VLLMEngine", engines[name])  # make_engine("vllm", ...) built it
+            ids = [{"prompt_token_ids": p} for p in vllm_engine.encode(prompts)]
 
             def bare(s: Any) -> int:
-                params = [engine._params(s, n, None if s.seed is None else s.seed + i * n) for i in range(len(ids))]
-                out = engine.llm.generate(ids, params, use_tqdm=False)
+                params = [
+                    vllm_engine._params(s, n, None if s.seed is None else s.seed + i * n) for i in range(len(ids))
+                ]
+                out = vllm_engine.llm.generate(ids, params, use_tqdm=False)
                 return sum(len(c.token_ids) for o in out for c in o.outputs)
 
             calls["vllm_bare"] = bare

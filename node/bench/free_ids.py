@@ -47,7 +47,7 @@ def _gather_rounds(*, rounds: int, relayers: int, junk: int, max_peers: int, dea
             started += list(pool.map(lambda _: Swarm(join).start(), range(1 + max(relayers, junk))))
         honest, sybils = started[1], started[2:]
         first = round_at(dht_time(), 30) + 1000  # far from any round a live node plays
-        relay = {"delivered": 0, "relayed_rejections": 0, "rounds": rounds, "relayers": relayers}
+        relay: dict[str, float] = {"delivered": 0, "relayed_rejections": 0, "rounds": rounds, "relayers": relayers}
         for i in range(rounds):
             rnd = first + i
             data = synthetic_packet("free-ids-bench", rnd, honest.peer_id, groups=2, completions=8, tokens=300, seed=i)
@@ -62,7 +62,13 @@ def _gather_rounds(*, rounds: int, relayers: int, junk: int, max_peers: int, dea
             relay["relayed_rejections"] += sum(r.get("relayed", 0) for r in res.rejected_by_peer.values())
             if say:
                 say(f"relay race round {i + 1}/{rounds}: delivered {relay['delivered']}")
-        tiny = {"delivered": 0, "junk_rejections": 0, "gathers": rounds, "junk_keys": junk, "max_peers": max_peers}
+        tiny: dict[str, float] = {
+            "delivered": 0,
+            "junk_rejections": 0,
+            "gathers": rounds,
+            "junk_keys": junk,
+            "max_peers": max_peers,
+        }
         for i in range(rounds):
             rnd = first + rounds + i
             for s in sybils[:junk]:

@@ -59,6 +59,7 @@ class _Publisher:
         self.info: dict[str, Any] = {}
 
     def _pump(self) -> None:
+        assert self.proc.stdout is not None, "started with stdout=PIPE"
         for line in self.proc.stdout:
             self._lines.put(line)
 
@@ -75,6 +76,7 @@ class _Publisher:
         return self.info
 
     def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None, "started with stdin=PIPE"
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
 

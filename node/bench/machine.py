@@ -29,7 +29,8 @@ def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str | None, list[str]]
         text = path.read_text()
     except OSError:
         return platform.processor() or None, []
-    model, flags = None, []
+    model: str | None = None
+    flags: list[str] = []
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -83,6 +84,7 @@ def describe_machine() -> dict[str, Any]:
     import torch
 
     model, isa = _cpuinfo()
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity mask to read

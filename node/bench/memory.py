@@ -49,7 +49,7 @@ QWEN_SHAPES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
     },
 }
-_QWEN_COMMON = {
+_QWEN_COMMON: dict[str, Any] = {
     "vocab_size": 151936,
     "max_position_embeddings": 32768,
     "rope_theta": 1000000.0,
@@ -76,7 +76,8 @@ def random_qwen_folder(name: str, root: Path) -> Path:
     config = Qwen2Config(**QWEN_SHAPES[name], **_QWEN_COMMON)
     tmp = root / f".{name}.tmp{os.getpid()}"
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    # transformers wraps Module.to with functools.wraps, whose stub keeps self as the first parameter
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(tmp)
     del model
     vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, config.vocab_size)}}

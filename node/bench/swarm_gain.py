@@ -29,6 +29,7 @@ samples used). Each finished run is saved under `work/runs/`, and a rerun skips 
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import tempfile
@@ -47,8 +48,10 @@ TRAIN_TASK = (
     "gym:leg_counting?min_animals=1&max_animals=2&max_instances=3"
 )
 OOD_TASK = "mix:gym:products?max_digits=1,gym:gcd?max_value=20"
-LOSSES = ("nois", "f-tis")
-SWARMS = ("homogeneous", "heterogeneous")
+Loss = Literal["nois", "f-tis"]
+SwarmKind = Literal["homogeneous", "heterogeneous"]
+LOSSES: tuple[Loss, ...] = ("nois", "f-tis")
+SWARMS: tuple[SwarmKind, ...] = ("homogeneous", "heterogeneous")
 
 
 class GainSettings(BaseModel):
@@ -64,8 +67,8 @@ class GainSettings(BaseModel):
     max_tokens: int = Field(32, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
     shares: list[float] = Field(default_factory=lambda: [0.5], min_length=1)  # 0.5 = 4/4, 0.25 = 6/2
-    losses: list[Literal["nois", "f-tis"]] = Field(default_factory=lambda: list(LOSSES), min_length=1)
-    swarms: list[Literal["homogeneous", "heterogeneous"]] = Field(default_factory=lambda: list(SWARMS))
+    losses: list[Loss] = Field(default_factory=lambda: list(LOSSES), min_length=1)
+    swarms: list[SwarmKind] = Field(default_factory=lambda: list(SWARMS))
     temperature: float = Field(0.7, gt=0, description="The homogeneous swarm's (the instruct default).")
     hetero_temperatures: tuple[float, float] = Field((0.5, 1.0), description="Lowest and highest, spread over nodes.")
     lr: float | None = Field(2e-4, gt=0, description="LoRA learning rate (bench learn: 2e-4 suits SmolLM2).")
@@ -246,7 +249,7 @@ def _run(
             before = []
             for node, temp in zip(nodes, temperatures):
                 # LoRA starts as the identity: the same start in every run.
-                before.append(before_cache.get(s.model, temp, lambda node=node: _evaluate(node, s, evals)))
+                before.append(before_cache.get(s.model, temp, functools.partial(_evaluate, node, s, evals)))
             curves: list[list[dict[str, Any]]] = [[] for _ in nodes]
             for r in range(s.rounds):
                 opened = [n.begin_round(r) for n in nodes]
@@ -286,8 +289,8 @@ class _BeforeEvals:
 def _node_summary(index, temperature, seed, curve, before, after) -> dict[str, Any]:
     def mean_of(key: str, peer: bool = False) -> float | None:
         values = [(rec.get("peer") or {}).get(key) if peer else rec.get(key) for rec in curve]
-        values = [v for v in values if v is not None]
-        return statistics.mean(values) if values else None
+        present = [v for v in values if v is not None]
+        return statistics.mean(present) if present else None
 
     rewards = [rec["reward_mean"] for rec in curve]
     return {

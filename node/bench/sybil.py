@@ -58,7 +58,9 @@ def measure_share_capture(
         book.observe(honest, r, 1, Counter())
         book.end_round(r)
     names = [f"sybil{i}" for i in range(sybils)]
-    by_round, sybil_total, peer_total, trusted_at = [], 0, 0, {}
+    by_round: list[float] = []
+    trusted_at: dict[str, int] = {}
+    sybil_total, peer_total = 0, 0
     for r in range(rounds):
         peers = _groups(honest, honest_groups, group_size, r)
         for name in names:

@@ -243,7 +243,8 @@ class _TrlStep:
                 "bench_reward": list(batch.rewards),
             }
 
-        def fixed_reward(completions: list, bench_reward: list[float], **_: Any) -> list[float]:
+        # trl's reward-function contract: a list of float | None (None: no reward for that completion)
+        def fixed_reward(completions: list, bench_reward: list[float | None], **_: Any) -> list[float | None]:
             return bench_reward
 
         timer = self
@@ -313,11 +314,13 @@ class _TrlStep:
         tr.current_gradient_accumulation_steps = 1
         tr.accelerator.gradient_state._set_sync_gradients(True)
         self.inputs = [{"prompt": p} for p in rows]
+        assert tr.model is not None, "GRPOTrainer wraps the model it was given"
         self.trainable = sum(p.numel() for p in tr.model.parameters() if p.requires_grad)
 
     def step(self) -> float:
         """One optimizer update exactly as `Trainer._run_epoch` performs it; returns the loss."""
         tr = self.trainer
+        assert tr.model is not None and tr.optimizer is not None and tr.lr_scheduler is not None, "set up in __init__"
         loss = tr.training_step(tr.model, self.inputs, None)
         if tr.args.max_grad_norm > 0:
             tr._clip_grad_norm(tr.model)
@@ -373,7 +376,11 @@ def _loss_only(b: BenchBatch, repeats: int) -> dict[str, Any]:
         loss.backward()
 
     def per_call(kind: str, calls: int) -> float:
-        return _timed(lambda: [run(kind) for _ in range(calls)])[0] / calls
+        def repeat() -> None:
+            for _ in range(calls):
+                run(kind)
+
+        return _timed(repeat)[0] / calls
 
     run("ftis")  # warm-up
     run("grpo")

@@ -20,7 +20,6 @@ import asyncio
 import json
 import random
 import signal
-import sys
 import time
 
 __all__ = ["DelayLink", "main"]
@@ -125,4 +124,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -24,9 +26,19 @@ from node.console.cli_options import Abort, ClickException, CliError, UsageError
 class _Group(TyperGroup):
     """The root command: any usage error or CliError becomes one `error:` line."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
+            )
         except ClickException as err:
             message = err.format_message()
             if message:  # empty: no arguments at all, and the help was shown

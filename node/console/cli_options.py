@@ -12,9 +12,9 @@ import shutil
 import textwrap
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from pydantic.fields import FieldInfo
@@ -23,10 +23,13 @@ from typer import Abort
 
 from node.config import NodeConfig, SettingsError, env_name
 
-try:  # newer typers carry their own copy of click; older ones use click itself
+if TYPE_CHECKING:  # the installed typer's copy of click, as the first branch below takes it
     from typer._click.exceptions import ClickException, UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import ClickException, UsageError
+else:
+    try:  # newer typers carry their own copy of click; older ones use click itself
+        from typer._click.exceptions import ClickException, UsageError
+    except ImportError:  # pragma: no cover
+        from click.exceptions import ClickException, UsageError
 
 __all__ = ["Abort", "ClickException", "CliError", "UsageError", "shown_default", "with_config_options"]
 
@@ -52,7 +55,8 @@ def _help_all(ctx: typer.Context, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
     for param in ctx.command.params:
-        param.hidden = False
+        # typer's TyperOption and TyperArgument have `hidden`; click's Parameter, their annotated base, does not
+        param.hidden = False  # type: ignore[attr-defined]
     typer.echo(plain_help(ctx, shutil.get_terminal_size().columns))
     raise typer.Exit()
 
@@ -148,7 +152,7 @@ def _flag_names(name: str, flag_type: Any) -> list[str]:
 
 
 def with_config_options(
-    exclude: set[str] = frozenset(),
+    exclude: Set[str] = frozenset(),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `fn(config: NodeConfig, **own_options)`: adds one option per setting plus
     `--config FILE`, and calls `fn` with the merged `NodeConfig`."""

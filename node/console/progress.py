@@ -18,13 +18,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from node.config import NodeConfig
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 LOG_EVERY_S = 15.0
 _TICK_S = 0.25
@@ -100,8 +103,9 @@ class RoundPrinter:
         self.config = config
         self.solo = solo
         self.console = console or Console(stderr=False, highlight=False, soft_wrap=True)
-        self._status = None  # the one rich Status on screen, if any
-        self._node = None
+        self._status: Status | None = None  # the one rich Status on screen, if any
+        self._live: Status | None = None  # the ticker's status line, between watch() and stop()
+        self._node: Any = None  # the Node that watch() shows
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
         self._last_log = 0.0
@@ -142,7 +146,7 @@ class RoundPrinter:
         if self._ticker is not None:
             self._ticker.join(timeout=2)
             self._ticker = None
-        if getattr(self, "_live", None) is not None:
+        if self._live is not None:
             self._live.stop()
             self._live = None
 
@@ -155,7 +159,7 @@ class RoundPrinter:
             if view.get("round_in_run") is None and view.get("phase") in ("ready", "starting"):
                 continue
             line = f"{self.label(view)}  {phase_text(view)}"
-            if getattr(self, "_live", None) is not None:
+            if self._live is not None:
                 self._live.update(f"[bold]{escape(self.config.name)}[/] {escape(line)}")
             elif time.time() - max(self._last_log, view.get("phase_since") or 0) >= LOG_EVERY_S:
                 self._last_log = time.time()

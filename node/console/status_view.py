@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +128,14 @@ def peer_label(peer_id: Any, name: Any = None, limit: int = NAME_CELLS) -> str:
     return f"{label} {short_id(peer_id)}" if label else short_id(peer_id)
 
 
-def sparkline(values: list[float], width: int = 40) -> str:
-    values = [v for v in values if isinstance(v, (int, float))][-width:]
-    if not values:
+def sparkline(values: Sequence[object], width: int = 40) -> str:
+    """One bar for each of the last `width` numbers in `values`; anything else (a missing reward) is left out."""
+    nums = [v for v in values if isinstance(v, (int, float))][-width:]
+    if not nums:
         return ""
-    lo, hi = min(min(values), 0.0), max(max(values), 1.0)  # rewards live in [0, 1]; wider data widens it
+    lo, hi = min(min(nums), 0.0), max(max(nums), 1.0)  # rewards live in [0, 1]; wider data widens it
     span = (hi - lo) or 1.0
-    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in nums)
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -292,7 +294,9 @@ PEER_DROP_ORDER = ("adapter", "filtered", "ESS", "capped", "last round", "IS w",
 _WRAPPING = ("trust", "rejected / screened")  # columns whose cells wrap at spaces (never their header)
 
 
-def _fit_columns(rows: list[tuple[Text, ...]], width: int, keep: list[bool]) -> tuple[list[bool], dict[int, int], int]:
+def _fit_columns(
+    rows: Sequence[tuple[Text, ...]], width: int, keep: list[bool]
+) -> tuple[list[bool], dict[int, int], int]:
     """Drop columns in PEER_DROP_ORDER until each shown one fits its header and its cells (a
     wrapping column its longest word) in `width`, three cells of padding and border a column.
 

@@ -231,8 +231,11 @@ class Admission:
             top_k=int(s.top_k),
             top_p=float(s.top_p),
         )
-        candidates = [self._candidate(result, scored, comp, same_tokenizer) for comp in group.completions]
-        candidates = [c for c in candidates if c is not None]
+        candidates = [
+            c
+            for c in (self._candidate(result, scored, comp, same_tokenizer) for comp in group.completions)
+            if c is not None
+        ]
         if not candidates:
             return
         try:
@@ -247,6 +250,7 @@ class Admission:
             if not np.all(np.isfinite(view.logp)):
                 result.reject("nonfinite_local", "our model gives a non-finite log-prob at these sampling parameters")
                 continue
+            seq: ScoredSequence | None
             if same_tokenizer:
                 seq = ScoredSequence(cand.ids, cand.claimed, 0.0, 1.0, cand.text, cand.finish_reason)
             else:

@@ -58,7 +58,7 @@ class PeerIntake:
         return cls(admission, trust, status)
 
     def gather(
-        self, swarm, r: int, *, deadline_s: float, expect_peers: int, on_progress: Callable[[int], None]
+        self, swarm, r: int, *, deadline_s: float, expect_peers: int | None, on_progress: Callable[[int], None]
     ) -> Intake:
         """Round r's packets from `swarm` (a `Swarm` or the experiment's exchange), admitted."""
         # Quarantined peers: Admission.admit refuses their packets unread; the swarm does not even fetch them.

@@ -216,6 +216,7 @@ def score_completions(
                 top_p=top_p,
                 pad_id=pad_id,
             )
+            assert keep.logits is not None, "sequence_logprobs ran the model's forward pass"
             logits = keep.logits[:, :-1, :].float()
             t_max = logits.shape[1]
             targets = torch.full((len(chunk), t_max), 0, dtype=torch.long, device=logits.device)

@@ -151,7 +151,9 @@ class InProcessExchange:
                     if sender in exclude_peers:  # as the swarm: still in the view, not delivered
                         skipped.add((r, sender))
                         continue
-                    reason = self.ledger.verdict(r, sender, content, bodies_checked=self.hub.body_check is not None)
+                    reason: str | None = self.ledger.verdict(
+                        r, sender, content, bodies_checked=self.hub.body_check is not None
+                    )
                     if reason is None and self.hub.body_check is not None:
                         reason = self.hub.body_check(sender, data)
                     if reason is not None:

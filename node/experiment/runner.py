@@ -440,7 +440,7 @@ def run_pair(
     rounds = cfg.rounds if rounds is None else rounds
     steps = set(cfg.eval_steps(rounds))
     own_tmp = work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="ftis-exp-")) if own_tmp else Path(work_dir)
+    work = Path(tempfile.mkdtemp(prefix="ftis-exp-")) if work_dir is None else Path(work_dir)
     started = time.perf_counter()
     try:
         nodes = _Transport(transport).start(
@@ -459,7 +459,7 @@ def run_pair(
         f"{e.name}-sampled": (e, lambda node, e: sampled_reward_mean(node, e, cfg.eval_tokens, 4, cfg.eval_seed))
         for e in evals
     }
-    curves = [{"rounds": [], "evals": {name: [] for name in metrics}} for _ in nodes]
+    curves: list[dict[str, Any]] = [{"rounds": [], "evals": {name: [] for name in metrics}} for _ in nodes]
     eval_seconds = 0.0
 
     def evaluate(step: int) -> None:
@@ -567,7 +567,7 @@ def run_dht_check(
 ) -> dict[str, Any]:
     """The first pair, `dht_variant`, the first seed, `dht_rounds` rounds: in-process, then over DHTs."""
     pair, seed = cfg.pairs[0], cfg.seeds[0]
-    kw = dict(rounds=cfg.dht_rounds, on_round=on_round, initial_cache=initial_cache)
+    kw: dict[str, Any] = dict(rounds=cfg.dht_rounds, on_round=on_round, initial_cache=initial_cache)
     inproc = run_pair(cfg, pair, cfg.dht_variant, seed, evals, transport="inproc", **kw)
     dht = run_pair(cfg, pair, cfg.dht_variant, seed, evals, transport="dht", **kw)
     return {"inproc": inproc, "dht": dht, **compare_runs(inproc, dht)}

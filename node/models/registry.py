@@ -202,6 +202,7 @@ def load_model(
             f"a model the project builds itself: {LOCAL_CHOICES}. "
             f"Reason: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
-    model.to(device)
+    # transformers wraps Module.to with functools.wraps, whose stub keeps self as the first parameter
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer

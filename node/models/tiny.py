@@ -124,7 +124,8 @@ def _hf_config(cfg: TinyModelConfig, tokenizer: Any) -> Any:
         num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        # transformers' dataclass signature omits head_dim, which PreTrainedConfig keeps as an extra field
+        head_dim=cfg.hidden_size // cfg.num_attention_heads,  # type: ignore[call-arg]
         max_position_embeddings=cfg.max_position_embeddings,
         initializer_range=cfg.initializer_range,
         tie_word_embeddings=True,

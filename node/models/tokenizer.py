@@ -133,7 +133,7 @@ def train_bpe(recipe: TokenizerRecipe = PROJECT) -> tuple[dict[str, int], list[t
         pieces = sorted((p for p in vocab if p not in SPECIAL_TOKENS), key=vocab.__getitem__)
         random.Random(recipe.shuffle_seed).shuffle(pieces)
         vocab = {**{s: vocab[s] for s in SPECIAL_TOKENS}, **{p: i + len(SPECIAL_TOKENS) for i, p in enumerate(pieces)}}
-    return vocab, merges  # type: ignore[return-value]
+    return vocab, merges
 
 
 def build_tokenizer(recipe: TokenizerRecipe = PROJECT, model_max_length: int = 512) -> Any:
@@ -143,8 +143,8 @@ def build_tokenizer(recipe: TokenizerRecipe = PROJECT, model_max_length: int = 5
     vocab, merges = train_bpe(recipe)
     return Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,
-        unk_token=None,
+        merges=merges,  # type: ignore[arg-type]  # transformers annotates list[str]; tokenizers' BPE takes pairs
+        unk_token=None,  # type: ignore[arg-type]  # annotated str, but None (no unknown token) is accepted
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         model_max_length=model_max_length,

@@ -27,15 +27,26 @@ import copy
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
+from node.rollout.base import (
+    FinishReason,
+    RolloutEngine,
+    Sample,
+    Sampling,
+    check_request,
+    encode_prompts,
+    eos_token_ids,
+)
 from node.train.logprobs import sampling_logprobs
 from node.train.weights import copy_state_into, load_safetensors_into
+
+if TYPE_CHECKING:
+    from peft import PeftMixedModel, PeftModel
 
 __all__ = ["HFEngine"]
 
@@ -54,7 +65,8 @@ def _model_on(other: torch.nn.Module) -> PreTrainedModel:
     on the meta device, so nothing is allocated); its small buffers are copied."""
     from transformers import AutoModelForCausalLM
 
-    lm = other.get_base_model() if hasattr(other, "get_base_model") else other
+    # torch types Module.__getattr__ as Tensor | Module, so peft's get_base_model reads as a Tensor
+    lm = other.get_base_model() if hasattr(other, "get_base_model") else other  # type: ignore[operator]
     params = {n.replace(".base_layer", ""): p for n, p in lm.named_parameters(remove_duplicate=False)}
     buffers = {n.replace(".base_layer", ""): b for n, b in lm.named_buffers(remove_duplicate=False)}
     with torch.device("meta"):
@@ -122,7 +134,7 @@ class HFEngine(RolloutEngine):
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         self._base: PreTrainedModel | None = model.eval()
         self._tokenizer = tokenizer
-        self._peft = None  # a PeftModel wrapping self._base while an adapter is loaded
+        self._peft: PeftModel | PeftMixedModel | None = None  # wraps self._base while an adapter is loaded
         self._slot = 0  # peft adapter names must be module-safe, so versions map to slots
         self._state_lora: dict[str, Any] | None = None  # the LoraConfig of the STATE_ADAPTER in place, as a dict
         self._state_lora_config: Any = None  # ... and the object it came from (the usual, cheap match)
@@ -134,7 +146,7 @@ class HFEngine(RolloutEngine):
         self._eos = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self._pad = int(pad) if pad is not None else self._eos[0]
-        self._vocab = int(model.get_input_embeddings().weight.shape[0])
+        self._vocab = int(cast(torch.Tensor, model.get_input_embeddings().weight).shape[0])
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         model.generation_config = GenerationConfig(
             eos_token_id=self._eos, pad_token_id=self._pad, bos_token_id=model.generation_config.bos_token_id
@@ -265,7 +277,9 @@ class HFEngine(RolloutEngine):
         )
         recorder = _StepLogprobs(self.base_model, sampling)
         try:
-            sequences = self.base_model.generate(
+            # transformers 5 types PreTrainedModel without GenerationMixin (a causal LM class has it),
+            # so torch's Module.__getattr__ types `generate` as a Tensor
+            sequences = self.base_model.generate(  # type: ignore[operator]
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=config,
@@ -283,7 +297,8 @@ class HFEngine(RolloutEngine):
             group = []
             for row in range(i * n, (i + 1) * n):  # generate repeats each prompt n times in a row
                 tokens = generated[row]
-                hits = torch.isin(tokens, eos).nonzero() if not sampling.ignore_eos else []
+                hits: torch.Tensor | list[int] = torch.isin(tokens, eos).nonzero() if not sampling.ignore_eos else []
+                reason: FinishReason
                 if len(hits):  # cut after the first EOS; what follows is padding
                     length, reason = int(hits[0]) + 1, "stop"
                 else:
@@ -311,7 +326,8 @@ class HFEngine(RolloutEngine):
         this engine first takes private copies again, so it never writes into `model`.
         Returns the bytes freed.
         """
-        lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # torch types Module.__getattr__ as Tensor | Module, so peft's get_base_model reads as a Tensor
+        lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
         theirs = {
             name.replace(".base_layer", ""): p
             for name, p in lm.named_parameters()

@@ -46,7 +46,15 @@ from typing import Any
 
 import numpy as np
 
-from node.rollout.base import RolloutEngine, Sample, Sampling, check_request, encode_prompts, eos_token_ids
+from node.rollout.base import (
+    FinishReason,
+    RolloutEngine,
+    Sample,
+    Sampling,
+    check_request,
+    encode_prompts,
+    eos_token_ids,
+)
 
 __all__ = ["EngineSelfCheckError", "VLLMEngine"]
 
@@ -87,6 +95,10 @@ class EngineSelfCheckError(RuntimeError):
 class WorkerWeights:
     """Mixed into vLLM's worker (``worker_extension_cls``); the engine calls it by name
     through ``collective_rpc``, inside the worker process that holds the model."""
+
+    # vLLM's worker provides these (annotations only: nothing here shadows the worker's own).
+    model_runner: Any
+    reload_weights: Callable[..., None]
 
     def ftis_reload_weights(self, weights_path: str) -> None:
         self.reload_weights(weights_path=weights_path)
@@ -291,7 +303,7 @@ class VLLMEngine(RolloutEngine):
                     raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
                 logprobs = np.array([step[t].logprob for t, step in zip(tokens, c.logprobs)], dtype=np.float32)
                 # "stop" iff it ended on an EOS id, as the hf engine decides it.
-                reason = "stop" if tokens and tokens[-1] in eos and not sampling.ignore_eos else "length"
+                reason: FinishReason = "stop" if tokens and tokens[-1] in eos and not sampling.ignore_eos else "length"
                 if c.finish_reason not in ("stop", "length") or (c.finish_reason == "stop") != (reason == "stop"):
                     raise RuntimeError(f"vLLM finished a completion with {c.finish_reason!r}, expected {reason!r}")
                 group.append(

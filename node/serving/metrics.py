@@ -240,12 +240,12 @@ def peer_families(s: dict[str, Any], max_peers: int) -> Iterator[Metric]:
         info.add_metric([pid], {"name": str(peers[pid].get("name") or ""), "model": str(peers[pid].get("model") or "")})
     yield from (reward, seen, trust, info)
     for suffix, key, doc in PEER_OFFPOLICY:
-        family = GaugeMetricFamily(f"ftis_peer_{suffix}", doc + " (last step that used them)", labels=["peer"])
+        gauge = GaugeMetricFamily(f"ftis_peer_{suffix}", doc + " (last step that used them)", labels=["peer"])
         for pid in kept:
-            value = (peers[pid].get("offpolicy") or {}).get(key)
-            if isinstance(value, (int, float)):
-                family.add_metric([pid], float(value))
-        yield family
+            reading = (peers[pid].get("offpolicy") or {}).get(key)
+            if isinstance(reading, (int, float)):
+                gauge.add_metric([pid], float(reading))
+        yield gauge
     kl = GaugeMetricFamily("ftis_peer_kl", "Quantiles of kl_i over the peer's sequences", labels=["peer", "quantile"])
     for pid in kept:
         offpolicy = peers[pid].get("offpolicy") or {}

@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ class _RoundNotes:
         self.dht_errors = 0
         self.rejected: Counter[str] = Counter()
         self.network: Counter[str] = Counter()
-        self.phase_seconds: Counter[str] = Counter()  # time spent in each phase of the round
+        self.phase_seconds: defaultdict[str, float] = defaultdict(float)  # time spent in each phase of the round
         self.peers: dict[str, PeerRound] = {}
         self.reward_sums: dict[str, tuple[float, int]] = {}
 
@@ -170,7 +170,7 @@ class NodeStatus:
     def phase_seconds(self) -> dict[str, float]:
         """Seconds spent in each phase since the last recorded round, the current phase included."""
         with self._lock:
-            spent = Counter(self._notes.phase_seconds)
+            spent = defaultdict(float, self._notes.phase_seconds)
             spent[self.phase] += time.time() - self.phase_since
             return dict(spent)
 

@@ -241,7 +241,7 @@ def _p2pd_dies_with_this_process() -> None:
         kwargs.setdefault("preexec_fn", in_child)
         return await start(*args, **kwargs)
 
-    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec  # type: ignore[assignment]
+    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
 
 
 def _make_recv_blocking(conn) -> None:

@@ -473,6 +473,7 @@ class GatherRun:
                 self.known.fetch_failed(c.peer, self.plan.round)
             self._reject(c.round, c.peer, c.record.sha256, reason)
             return
+        assert body is not None, "_check_body rejects a missing body"
         self.ledger.deliver(c.round, c.peer, c.record.sha256)
         if reserved:  # a late packet is extra: it neither fills a slot nor ends this gather
             self.delivered.add(c.peer)

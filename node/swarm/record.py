@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import base58
 import multihash
@@ -44,7 +44,7 @@ __all__ = [
     "peer_id_of_owner",
 ]
 
-RECORD_VERSION = 2
+RECORD_VERSION: Final = 2
 # Hard cap on one DHT record's value, enforced by every node's validator. A protocol
 # constant, not a setting: nodes that disagreed on it would store records their peers
 # reject, and hivemind drops a key's whole answer if one entry is invalid. Headers are

@@ -164,7 +164,7 @@ def _math_verify_parse(text: str) -> tuple[Any, ...]:
     except ImportError:
         return ()
     body = _plain_number_as_fraction(text).strip().strip("$").strip()
-    return tuple(parse(f"${body}$", parsing_timeout=_math_verify_timeout()))  # type: ignore[arg-type]
+    return tuple(parse(f"${body}$", parsing_timeout=_math_verify_timeout()))
 
 
 def math_verify_verdict(predicted: str, reference: str) -> bool | None:
