@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import random
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +38,6 @@ from node.checkpointing import CheckpointSchedule
 from node.config import NodeConfig
 from node.defence.intake import PeerIntake
 from node.groups import (
-    SELF,
     ScoredGroup,
     drop_copies,
     has_signal,
@@ -50,8 +47,9 @@ from node.groups import (
 )
 from node.local_model import LocalModel
 from node.memory import release_memory
-from node.seeds import identity_seed
-from node.serving.status import NodeStatus, RoundRecord
+from node.rounds import OpenRound, RoundResult
+from node.seeds import identity_seed, round_rng
+from node.serving.status import NodeStatus
 
 if TYPE_CHECKING:
     from node.rollout.base import RolloutEngine
@@ -59,60 +57,6 @@ if TYPE_CHECKING:
     from node.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RoundResult:
-    round: int
-    reward_mean: float
-    own_samples: int
-    peer_samples: int
-    peers_answered: int
-    seconds: float
-    metrics: dict[str, Any] = field(default_factory=dict)
-    round_in_run: int | None = None  # 1, 2, ... counted from this run's start (`round` is the bucket)
-    notices: list[str] = field(default_factory=list)  # what the user should know about this round
-
-    @classmethod
-    def of(cls, opened: OpenRound, used, answered: int, metrics: dict, left_out: int, with_signal: int, notices):
-        """A finished round: own samples' reward, what was trained on, the step's numeric metrics."""
-        own_rewards = np.concatenate([g.rewards for g in opened.own]) if opened.own else np.zeros(0)
-        return cls(
-            round=opened.round,
-            reward_mean=float(own_rewards.mean()) if own_rewards.size else 0.0,
-            own_samples=int(own_rewards.size),
-            peer_samples=sum(len(g.sequences) for g in used if g.source != SELF),
-            peers_answered=answered,
-            seconds=time.time() - opened.started_at,
-            metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            | {"peer_groups_capped": left_out, "groups_with_signal": with_signal / len(used) if used else 0.0},
-            round_in_run=opened.round_in_run,
-            notices=notices,
-        )
-
-    def record(self, started_at: float) -> RoundRecord:
-        """The status history's line for this round."""
-        return RoundRecord(
-            round=self.round,
-            started_at=started_at,
-            seconds=round(self.seconds, 3),
-            reward_mean=self.reward_mean,
-            own_samples=self.own_samples,
-            peer_samples=self.peer_samples,
-            peers_answered=self.peers_answered,
-            metrics={k: float(v) for k, v in self.metrics.items()},
-            round_in_run=self.round_in_run,
-        )
-
-
-@dataclass
-class OpenRound:
-    """A round between `begin_round` and `finish_round`."""
-
-    round: int
-    started_at: float
-    own: list[ScoredGroup] = field(default_factory=list)
-    round_in_run: int | None = None
 
 
 class Node:
@@ -339,7 +283,7 @@ class Node:
                 own,
                 peers,
                 self.cfg.peer_share,
-                self._round_rng("mix", r),
+                round_rng(self.cfg.seed, "mix", r),
                 trusted=self.trust.trusted(),
                 probation_share=self.cfg.probation_share,
                 served=self.trust.served(),
@@ -396,16 +340,10 @@ class Node:
         self.status.write_file(self.cfg.node_dir / "status.json")
 
     # ------------------------------------------------------------------ phases
-    def _round_rng(self, purpose: str, r: int) -> random.Random:
-        """A generator that depends only on (seed, purpose, round): a resumed node draws what
-        it would have drawn, and a node that mixes in peers' samples draws the same prompts
-        as one that trains alone (str seeds hash with SHA-512, stable across processes)."""
-        return random.Random(f"{self.cfg.seed}/{purpose}/{r}")
-
     def rollout(self, r: int) -> list[ScoredGroup]:
         """Answer this round's own prompts G times each and re-score with our verifier."""
         assert self.engine is not None and self.cfg.seed is not None, "setup() made the engine and chose the seed"
-        problems = self.task.sample_problems(self._round_rng("prompts", r), self.cfg.prompts_per_round)
+        problems = self.task.sample_problems(round_rng(self.cfg.seed, "prompts", r), self.cfg.prompts_per_round)
         sampling = self.sampling.model_copy(update={"seed": (self.cfg.seed * 1_000_003 + r) % 2**31})
         prompt_ids = [self.admission.prompt_ids(p.prompt) for p in problems]
         total = len(prompt_ids)

@@ -6,6 +6,7 @@ a resumed node goes on with the stream it had; a solo node makes and keeps a key
 from __future__ import annotations
 
 import hashlib
+import random
 from pathlib import Path
 
 
@@ -28,3 +29,10 @@ def identity_seed(swarm, node_dir: Path) -> tuple[int, str]:
         finally:
             identity.release()
     return seed_of_peer(peer_id), peer_id
+
+
+def round_rng(seed: int | None, purpose: str, r: int) -> random.Random:
+    """A generator that depends only on (seed, purpose, round): a resumed node draws what it
+    would have drawn, and a node that mixes in peers' samples draws the same prompts as one
+    that trains alone (str seeds hash with SHA-512, stable across processes)."""
+    return random.Random(f"{seed}/{purpose}/{r}")

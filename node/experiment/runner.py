@@ -11,7 +11,7 @@ Within one seed every variant starts from the same weights, draws its prompts fr
 same seeded stream and samples with the same seeds, so variants differ only by the loss
 (and, from round 1 on, by what the loss has done to the weights). Alone included: the
 prompts, the sampling seed and the batch mix each draw from a generator seeded by (seed,
-purpose, round) alone (`Node._round_rng`), so mixing nothing changes no one's prompts.
+purpose, round) alone (`node.seeds.round_rng`), so mixing nothing changes no one's prompts.
 
 `dht_check` repeats one short setting through real hivemind DHTs (`node.swarm.Swarm`, two
 DHT processes on 127.0.0.1) and next to an in-process run of the same setting, and
