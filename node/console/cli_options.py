@@ -93,6 +93,13 @@ class CliError(ClickException):
     exit_code = 2
 
 
+def fail(message: str, code: int = 2) -> None:
+    """Stop the command with one `error: message` line and exit code `code`."""
+    err = CliError(message)
+    err.exit_code = code
+    raise err
+
+
 def _choices(annotation: Any) -> tuple[str, ...]:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
