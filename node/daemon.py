@@ -30,8 +30,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from node import notices, restart, round_clock
 from node.blame import step_blaming_peers
 from node.checkpointing import CheckpointSchedule
@@ -50,6 +48,7 @@ from node.memory import release_memory
 from node.rounds import OpenRound, RoundResult
 from node.seeds import identity_seed, round_rng
 from node.serving.status import NodeStatus
+from protocol.keys import round_start
 
 if TYPE_CHECKING:
     from node.rollout.base import RolloutEngine
@@ -222,12 +221,13 @@ class Node:
         """The round to play: the next one locally, or the current DHT time bucket."""
         if self.swarm is None:
             return 0 if self.round_done is None else self.round_done + 1
-        r, wait = round_clock.current_round(self.swarm.dht_time(), self.cfg.round_seconds, self.round_done)
-        if wait > 0:
+        now = self.swarm.dht_time()
+        r = round_clock.current_round(now, self.cfg.round_seconds, self.round_done)
+        start = round_start(r, self.cfg.round_seconds)
+        if start > now:
             self.status.set_phase(
-                "waiting for round", r, round_in_run=self.rounds_played + 1, starts_at=time.time() + wait
+                "waiting for round", r, round_in_run=self.rounds_played + 1, starts_at=time.time() + start - now
             )
-            start = self.swarm.dht_time() + wait
             round_clock.sleep_until(lambda: start - self.swarm.dht_time(), lambda: self.stopping)
         return None if self.stopping else r
 
@@ -299,12 +299,9 @@ class Node:
         if self.saves.round_played():
             self.status.set_phase("checkpointing", r)
             self.saves.write(r, background=True)
-        own_rewards = np.concatenate([g.rewards for g in own]) if own else np.zeros(0)
         with_signal = sum(1 for g in used if has_signal(g))
         faults = getattr(self.task, "fault_summary", lambda: None)()  # a --reward task's bad values
-        round_notices = self._notices(r, start, used, with_signal, own_rewards, foreign) + self.reward_faults.notices(
-            faults
-        )
+        round_notices = self._notices(r, start, used, with_signal, own, foreign) + self.reward_faults.notices(faults)
         result = RoundResult.of(opened, used, answered, metrics, left_out, with_signal, round_notices)
         self.status.set(notices=round_notices)
         if faults is not None:
@@ -323,10 +320,10 @@ class Node:
         except Exception as e:  # a view for people: never worth a round
             logger.debug("known_peers failed: %r", e)
 
-    def _notices(self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own_rewards, foreign) -> list:
+    def _notices(self, r: int, start: float, used: list[ScoredGroup], with_signal: int, own, foreign) -> list:
         """Warnings for the console and /status (node/notices.py): nothing to learn from, peers on
         another task (`foreign`: their groups rejected this round and one reason), a long round."""
-        out = [notices.no_signal(own_rewards)] if used and with_signal == 0 else []
+        out = [notices.no_signal(own)] if used and with_signal == 0 else []
         if foreign[0]:
             out.append(notices.foreign_task(*foreign))
         if self.swarm is not None and (

@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 
-def no_signal(own_rewards) -> str:
-    values = sorted({float(v) for v in own_rewards}) or [0.0]
+def no_signal(own) -> str:
+    """`own`: the round's own groups, every one of whose rewards is the same."""
+    values = sorted({s.reward for g in own for s in g.sequences}) or [0.0]
     return (
         f"no learning signal: all rewards equal (every sample in every group scored "
         f"{values[0]:.3g}), so this round changes nothing; an easier task, more --max-tokens or "

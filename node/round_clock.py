@@ -10,13 +10,11 @@ from collections.abc import Callable
 from protocol.keys import STALE_ROUNDS, round_at, round_start
 
 
-def current_round(dht_time: float, round_seconds: float, round_done: int | None) -> tuple[int, float]:
-    """The round to play and the seconds until it starts (0: now): the current bucket, or the
-    one after the last played if that bucket is still running."""
+def current_round(dht_time: float, round_seconds: float, round_done: int | None) -> int:
+    """The round to play: the current bucket, or the one after the last played while that
+    bucket is still running (it starts at `round_start(r)`)."""
     r = round_at(dht_time, round_seconds)
-    if round_done is not None and r <= round_done:
-        r = round_done + 1
-    return r, max(0.0, round_start(r, round_seconds) - dht_time)
+    return round_done + 1 if round_done is not None and r <= round_done else r
 
 
 def last_packet_wait(r: int, dht_time: float, round_seconds: float) -> float:
